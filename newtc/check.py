@@ -1,0 +1,939 @@
+"""AST + specialization -> typed tile IR.
+
+The checker is an abstract interpreter over the AST: compile-time values (constexprs, Python
+number literals, dtypes, tuples) are plain Python objects folded as it goes; runtime values are IR
+Values emitted into the current region. Helpers (`def`) and `static_range` loops are inlined here,
+and `if` on a constexpr picks its branch here, so the IR holds only what runs.
+"""
+from __future__ import annotations
+
+import difflib
+import inspect
+import math
+from dataclasses import dataclass
+
+from . import ast as A
+from . import ir
+from .errors import NkError, Span
+from .types import DTYPES, DType, Ptr, Type, bool_, f32, f64, i32, i64, promote
+
+BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod", "<<": "shl",
+          ">>": "shr", "&": "and", "|": "or", "^": "xor", "<": "lt", "<=": "le", ">": "gt", ">=": "ge",
+          "==": "eq", "!=": "ne"}
+INT_ONLY = {"shl", "shr", "and", "or", "xor"}
+MATH = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "floor", "ceil"}
+REDUCTIONS = {"sum", "max", "min", "argmax", "argmin"}
+ATOMICS = {"atomic_add": "add", "atomic_max": "max", "atomic_min": "min", "atomic_xchg": "xchg"}
+CONSTANTS = {"inf": math.inf, "nan": math.nan, **DTYPES}
+
+
+class _Return(Exception):
+    def __init__(self, value):
+        self.value = value
+
+
+@dataclass
+class Method:
+    """`x.to` before it is called."""
+    value: ir.Value
+    name: str
+
+
+def c_div(a, b):
+    """Integer division as C does it (truncation), which the language promises."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+def fold(op: str, a, b):
+    """Fold a binary operator on two compile-time values with the language's semantics."""
+    both_int = isinstance(a, int) and isinstance(b, int)
+    if op in ("//", "%") and both_int:
+        if b == 0:
+            raise ZeroDivisionError
+        q = c_div(a, b)
+        return q if op == "//" else a - q * b
+    if op == "%":
+        return math.fmod(a, b)
+    if op == "//":
+        return math.floor(a / b)
+    if op == "and":
+        return a and b
+    if op == "or":
+        return a or b
+    return {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "/": lambda: a / b,
+            "<<": lambda: a << b, ">>": lambda: a >> b, "&": lambda: a & b, "|": lambda: a | b,
+            "^": lambda: a ^ b, "<": lambda: a < b, "<=": lambda: a <= b, ">": lambda: a > b,
+            ">=": lambda: a >= b, "==": lambda: a == b, "!=": lambda: a != b}[op]()
+
+
+def is_const(v) -> bool:
+    return not isinstance(v, ir.Value)
+
+
+def literal_dtype(v) -> DType:
+    """The dtype a Python literal takes when nothing else decides it."""
+    if isinstance(v, bool):
+        return bool_
+    if isinstance(v, int):
+        return i32 if -2**31 <= v < 2**31 else i64
+    return f32
+
+
+def weak_dtype(lit, other: DType) -> DType:
+    """A weakly typed literal adopts the other operand's dtype, except an int meeting a float literal."""
+    if isinstance(lit, float) and not other.is_float:
+        return f32
+    return other
+
+
+def broadcast_shapes(a: tuple, b: tuple, span: Span) -> tuple:
+    ra, rb = len(a), len(b)
+    a, b = (1,) * (rb - ra) + a, (1,) * (ra - rb) + b
+    out = []
+    for x, y in zip(a, b):
+        if x != y and 1 not in (x, y):
+            raise NkError(f"shapes {list(a)} and {list(b)} do not broadcast", span,
+                          "dimensions must be equal, or one of them 1")
+        out.append(max(x, y))
+    return tuple(out)
+
+
+def is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+BUILTINS: dict = {}
+
+
+def builtin(*names):
+    def register(fn):
+        for n in names:
+            BUILTINS[n] = fn
+        return fn
+    return register
+
+
+class Checker:
+    def __init__(self, module: A.Module, num_warps: int, idx64: bool):
+        self.module = module
+        self.defs = {d.name: d for d in module.defs}
+        self.num_warps = num_warps
+        self.idx64 = idx64
+        self.region = ir.Region()
+        self.env: dict = {}
+        self.depth = 0
+
+    # ---- emission ----------------------------------------------------------------------------
+    def emit(self, kind: str, args, rtype: Type | None, span: Span, attrs=None, name: str = "") -> ir.Value | None:
+        results = [ir.Value(rtype, name)] if rtype is not None else []
+        self.region.ops.append(ir.Op(kind, list(args), results, attrs or {}, span))
+        return results[0] if results else None
+
+    def const(self, value, dtype: DType, span: Span) -> ir.Value:
+        if dtype.is_float:
+            value = float(value)
+        elif dtype.kind == "b":
+            value = bool(value)
+        else:
+            value = int(value)
+        return self.emit("const", [], Type((), dtype), span, {"value": value})
+
+    def value(self, v, span: Span, dtype: DType | None = None) -> ir.Value:
+        """A runtime value for v: compile-time numbers become constants."""
+        if isinstance(v, ir.Value):
+            return v
+        if isinstance(v, (bool, int, float)):
+            return self.const(v, dtype or literal_dtype(v), span)
+        raise NkError(f"expected a number or a block, got {describe(v)}", span)
+
+    def cast(self, v: ir.Value, dtype, span: Span) -> ir.Value:
+        if v.type.dtype == dtype:
+            return v
+        if isinstance(dtype, Ptr) or isinstance(v.type.dtype, Ptr):
+            raise NkError(f"cannot convert {v.type.dtype} to {dtype}", span)
+        return self.emit("cast", [v], v.type.with_dtype(dtype), span)
+
+    def to_shape(self, v: ir.Value, shape: tuple, span: Span) -> ir.Value:
+        if v.type.shape == shape:
+            return v
+        if not v.type.shape:
+            return self.emit("splat", [v], Type(shape, v.type.dtype), span)
+        while len(v.type.shape) < len(shape):
+            v = self.emit("expand_dims", [v], Type((1,) + v.type.shape, v.type.dtype), span, {"axis": 0})
+        if v.type.shape != shape:
+            broadcast_shapes(v.type.shape, shape, span)
+            v = self.emit("broadcast", [v], Type(shape, v.type.dtype), span)
+        return v
+
+    def unify(self, vals: list, span: Span, dtype=None) -> list[ir.Value]:
+        """Promote runtime values and literals to one dtype and one broadcast shape."""
+        runtime = [v for v in vals if isinstance(v, ir.Value)]
+        if dtype is None:
+            dtypes = [v.type.dtype for v in runtime]
+            dtype = dtypes[0] if dtypes else None
+            for d in dtypes[1:]:
+                dtype = promote(dtype, d)
+            for v in vals:
+                if not isinstance(v, ir.Value):
+                    dtype = weak_dtype(v, dtype) if dtype is not None else literal_dtype(v)
+        shape = ()
+        for v in runtime:
+            shape = broadcast_shapes(shape, v.type.shape, span)
+        return [self.to_shape(self.cast(self.value(v, span, dtype), dtype, span), shape, span) for v in vals]
+
+    # ---- expressions -------------------------------------------------------------------------
+    def expr(self, e):
+        method = getattr(self, "expr_" + type(e).__name__)
+        return method(e)
+
+    def expr_Num(self, e: A.Num):
+        return e.value
+
+    def expr_Const(self, e: A.Const):
+        return e.value
+
+    def expr_Str(self, e: A.Str):
+        return e.value
+
+    def expr_TupleExpr(self, e: A.TupleExpr):
+        return tuple(self.expr(x) for x in e.items)
+
+    def expr_ListExpr(self, e: A.ListExpr):
+        return [self.expr(x) for x in e.items]
+
+    def expr_Name(self, e: A.Name):
+        if e.id in self.env:
+            return self.env[e.id]
+        if e.id in CONSTANTS:
+            return CONSTANTS[e.id]
+        if e.id in BUILTINS or e.id in self.defs or e.id in ("range", "static_range", "constexpr"):
+            return e.id
+        known = list(self.env) + list(BUILTINS) + list(self.defs) + list(CONSTANTS)
+        close = difflib.get_close_matches(e.id, known, n=1)
+        raise NkError(f"unknown name '{e.id}'", e.span, f"did you mean '{close[0]}'?" if close else "")
+
+    def expr_Attribute(self, e: A.Attribute):
+        v = self.expr(e.value)
+        if isinstance(v, ir.Value):
+            if e.attr == "dtype":
+                return v.type.dtype
+            if e.attr == "shape":
+                return v.type.shape
+            if e.attr == "to":
+                return Method(v, "to")
+        elif isinstance(v, (bool, int, float)) and e.attr == "to":
+            return Method(self.value(v, e.span), "to")
+        raise NkError(f"{describe(v)} has no attribute '{e.attr}'", e.span)
+
+    def expr_Subscript(self, e: A.Subscript):
+        v = self.expr(e.value)
+        if isinstance(v, (tuple, list)):
+            if len(e.index) != 1:
+                raise NkError("a tuple takes one index", e.span)
+            i = self.constexpr(self.expr(e.index[0]), "a tuple index", e.index[0].span)
+            try:
+                return v[i]
+            except (IndexError, TypeError):
+                raise NkError(f"index {i} out of range for a tuple of {len(v)}", e.span) from None
+        if not isinstance(v, ir.Value) or not v.type.shape:
+            raise NkError(f"cannot index {describe(v)}", e.span,
+                          "blocks take `x[:, None]` / `x[None, :]` to add an axis; pointers use `p + offset`")
+        shape, axis = v.type.shape, 0
+        for item in e.index:
+            if isinstance(item, A.Const) and item.value is None:
+                v = self.emit("expand_dims", [v], Type(shape[:axis] + (1,) + shape[axis:], v.type.dtype), item.span,
+                              {"axis": axis})
+                shape = v.type.shape
+                axis += 1
+            elif isinstance(item, A.Slice) and item.lower is item.upper is item.step is None:
+                axis += 1
+            else:
+                raise NkError("only `:` and `None` can index a block", item.span,
+                              "load from a pointer block to select elements")
+        if axis != len(shape):
+            raise NkError(f"{len(e.index)} indices for a block of rank {len(v.type.shape)}", e.span)
+        return v
+
+    def expr_UnaryOp(self, e: A.UnaryOp):
+        v = self.expr(e.operand)
+        if is_const(v):
+            if not isinstance(v, (bool, int, float)):
+                raise NkError(f"bad operand for unary '{e.op}': {describe(v)}", e.span)
+            return {"-": lambda: -v, "+": lambda: v, "~": lambda: ~v, "not": lambda: not v}[e.op]()
+        if e.op == "+":
+            return v
+        if e.op == "-":
+            return self.emit("neg", [v], v.type, e.span)
+        if e.op == "not":
+            v = self.truth(v, e.span)
+        elif not (v.type.dtype.is_int or v.type.dtype == bool_):
+            raise NkError(f"'~' needs an integer operand, got {v.type}", e.span)
+        return self.emit("not", [v], v.type, e.span)
+
+    def truth(self, v: ir.Value, span: Span) -> ir.Value:
+        if v.type.dtype == bool_:
+            return v
+        zero = self.to_shape(self.const(0, v.type.dtype, span), v.type.shape, span)
+        return self.emit("ne", [v, zero], v.type.with_dtype(bool_), span)
+
+    def expr_BinOp(self, e: A.BinOp):
+        a = self.expr(e.left)
+        if e.op in ("and", "or") and is_const(a):  # short-circuit on a compile-time left side
+            if (e.op == "and") != bool(a):
+                return a
+            return self.expr(e.right)
+        b = self.expr(e.right)
+        return self.binary(e.op, a, b, e.span)
+
+    def binary(self, op: str, a, b, span: Span):
+        if is_const(a) and is_const(b):
+            if not all(isinstance(x, (bool, int, float)) for x in (a, b)):
+                if op in ("==", "!=") or (op == "+" and type(a) is type(b) and isinstance(a, (tuple, list))):
+                    return fold(op, a, b)
+                raise NkError(f"unsupported operands for '{op}': {describe(a)} and {describe(b)}", span)
+            try:
+                return fold(op, a, b)
+            except ZeroDivisionError:
+                raise NkError("division by zero in a constant expression", span) from None
+        if op == "@":
+            return self.call_builtin("dot", [a, b], {}, span)
+        if op in ("and", "or"):
+            x, y = self.unify([a, b], span)
+            return self.emit(op, [self.truth(x, span), self.truth(y, span)], x.type.with_dtype(bool_), span)
+        pa = isinstance(a, ir.Value) and isinstance(a.type.dtype, Ptr)
+        pb = isinstance(b, ir.Value) and isinstance(b.type.dtype, Ptr)
+        if pa or pb:
+            return self.pointer_arith(op, a, b, pa, span)
+        kind = BINOPS[op]
+        x, y = self.unify([a, b], span)
+        dt = x.type.dtype
+        if kind in INT_ONLY and dt.is_float:
+            raise NkError(f"'{op}' needs integer operands, got {dt}", span)
+        if kind == "div" and not dt.is_float:
+            x, y = self.cast(x, f32, span), self.cast(y, f32, span)
+        if kind in ir.COMPARISONS:
+            return self.emit(kind, [x, y], x.type.with_dtype(bool_), span)
+        return self.emit(kind, [x, y], x.type, span)
+
+    def pointer_arith(self, op: str, a, b, a_is_ptr: bool, span: Span):
+        ptr, off = (a, b) if a_is_ptr else (b, a)
+        if op not in ("+", "-") or (op == "-" and not a_is_ptr) or \
+                (isinstance(off, ir.Value) and not off.type.dtype.is_int) or isinstance(off, float):
+            raise NkError(f"unsupported pointer arithmetic: {describe(a)} {op} {describe(b)}", span,
+                          "a pointer takes + or - of an integer offset (in elements)")
+        off = self.value(off, span)
+        if op == "-":
+            off = self.emit("neg", [off], off.type, span)
+        shape = broadcast_shapes(ptr.type.shape, off.type.shape, span)
+        ptr, off = self.to_shape(ptr, shape, span), self.to_shape(off, shape, span)
+        return self.emit("ptradd", [ptr, off], ptr.type, span)
+
+    def expr_Call(self, e: A.Call):
+        f = self.expr(e.func) if not isinstance(e.func, A.Name) or e.func.id in self.env else self.callee(e.func)
+        args = [self.expr(a) for a in e.args]
+        kwargs = {k: self.expr(v) for k, v in e.kwargs}
+        if isinstance(f, Method):
+            return self.method_to(f.value, args, kwargs, e.span)
+        if isinstance(f, str) and f in self.defs and f not in BUILTINS:
+            return self.inline(self.defs[f], args, kwargs, e.span)
+        if isinstance(f, str) and f in BUILTINS:
+            return self.call_builtin(f, args, kwargs, e.span)
+        raise NkError(f"{describe(f)} is not callable", e.span)
+
+    def callee(self, name: A.Name):
+        if name.id in self.defs:
+            d = self.defs[name.id]
+            if d.kind != "def":
+                raise NkError(f"'{name.id}' is a {d.kind}; only `def` helpers can be called from a kernel", name.span)
+            return name.id
+        return self.expr_Name(name)
+
+    def method_to(self, v: ir.Value, args, kwargs, span):
+        if len(args) != 1 or set(kwargs) - {"bitcast"} or not isinstance(args[0], (DType, Ptr)):
+            raise NkError("x.to() takes one dtype, e.g. x.to(f16)", span)
+        if kwargs.get("bitcast"):
+            if args[0].bits != v.type.dtype.bits:
+                raise NkError(f"bitcast needs equal widths: {v.type.dtype} and {args[0]}", span)
+            return self.emit("bitcast", [v], v.type.with_dtype(args[0]), span)
+        return self.cast(v, args[0], span)
+
+    def call_builtin(self, name: str, args, kwargs, span: Span):
+        fn = BUILTINS[name]
+        sig = inspect.signature(fn)
+        try:
+            bound = sig.bind(self, span, *args, **kwargs)
+        except TypeError as err:
+            params = [p for p in list(sig.parameters)[2:] if p != "_name"]
+            raise NkError(f"{name}(): {str(err).replace(fn.__name__ + '()', '').strip()}", span,
+                          f"signature: {name}({', '.join(params)})") from None
+        if "_name" in sig.parameters:
+            bound.arguments["_name"] = name
+        return fn(*bound.args, **bound.kwargs)
+
+    def constexpr(self, v, what: str, span: Span):
+        if isinstance(v, ir.Value):
+            raise NkError(f"{what} must be a compile-time constant", span,
+                          "declare the kernel parameter it comes from as `NAME: constexpr`")
+        return v
+
+    def block_shape(self, shape, span: Span) -> tuple:
+        shape = self.constexpr(shape, "a block shape", span)
+        if isinstance(shape, int):
+            shape = (shape,)
+        if not isinstance(shape, (tuple, list)) or not all(isinstance(d, int) for d in shape):
+            raise NkError(f"a block shape is a list of integers, got {describe(shape)}", span)
+        for d in shape:
+            if not is_pow2(d):
+                raise NkError(f"block dimension {d} is not a power of two", span,
+                              "round the block size up (e.g. with a constexpr) and mask the extra lanes")
+        return tuple(shape)
+
+    # ---- statements --------------------------------------------------------------------------
+    def block(self, stmts: list):
+        for s in stmts:
+            getattr(self, "stmt_" + type(s).__name__)(s)
+
+    def stmt_Pass(self, s):
+        pass
+
+    def stmt_ExprStmt(self, s: A.ExprStmt):
+        self.expr(s.value)
+
+    def stmt_Return(self, s: A.Return):
+        raise _Return(self.expr(s.value) if s.value is not None else None)
+
+    def assign(self, target, value, span: Span):
+        if isinstance(target, A.Name):
+            if isinstance(value, ir.Value) and not value.name:
+                value.name = target.id
+            self.env[target.id] = value
+        elif isinstance(target, A.TupleExpr):
+            self.unpack(target.items, value, span)
+        else:
+            raise NkError("only names can be assigned in a kernel", getattr(target, "span", span),
+                          "write memory with store(pointer, value)")
+
+    def unpack(self, targets, value, span):
+        if not isinstance(value, (tuple, list)) or len(value) != len(targets):
+            raise NkError(f"cannot unpack {describe(value)} into {len(targets)} names", span)
+        for t, v in zip(targets, value):
+            self.assign(t, v, span)
+
+    def stmt_Assign(self, s: A.Assign):
+        value = self.expr(s.value)
+        if len(s.targets) == 1:
+            self.assign(s.targets[0], value, s.span)
+        else:
+            self.unpack(s.targets, value, s.span)
+
+    def stmt_AugAssign(self, s: A.AugAssign):
+        self.assign(s.target, self.binary(s.op, self.expr(s.target), self.expr(s.value), s.span), s.span)
+
+    def stmt_If(self, s: A.If):
+        cond = self.expr(s.cond)
+        if is_const(cond):
+            self.block(s.body if cond else s.orelse)
+            return
+        if cond.type.shape:
+            raise NkError(f"an `if` condition must be a scalar, got a block {cond.type}", s.cond.span,
+                          "use where(cond, a, b) to choose per element")
+        cond = self.truth(cond, s.cond.span)
+        before = dict(self.env)
+        branches = []
+        for body in (s.body, s.orelse):
+            self.env = dict(before)
+            region, self.region = self.region, ir.Region()
+            try:
+                self.block(body)
+            except _Return:
+                raise NkError("`return` inside a runtime `if` is not supported", s.span,
+                              "assign a variable in both branches and return it after the `if`") from None
+            branches.append((self.region, self.env))
+            self.region = region
+        names = [n for n in set(branches[0][1]) | set(branches[1][1])
+                 if n in branches[0][1] and n in branches[1][1] and branches[0][1][n] is not branches[1][1][n]
+                 and (isinstance(branches[0][1][n], ir.Value) or isinstance(branches[1][1][n], ir.Value)
+                      or branches[0][1][n] != branches[1][1][n])]
+        names.sort()
+        types = []
+        for n in names:
+            a, b = branches[0][1][n], branches[1][1][n]
+            types.append(self.join_type(n, a, b, s.span))
+        outer = self.region
+        for region, env in branches:
+            self.region = region
+            vals = [self.coerce(env[n], t, n, s.span) for n, t in zip(names, types)]
+            self.emit("yield", vals, None, s.span)
+        self.region = outer
+        op = ir.Op("if", [cond], [ir.Value(t, n) for n, t in zip(names, types)], {}, s.span,
+                   [branches[0][0], branches[1][0]])
+        self.region.ops.append(op)
+        self.env = dict(before)
+        for n, v in zip(names, op.results):
+            self.env[n] = v
+        for n in set(branches[0][1]) & set(branches[1][1]) - set(names):
+            self.env[n] = branches[0][1][n]
+
+    def join_type(self, name: str, a, b, span: Span) -> Type:
+        ta = a.type if isinstance(a, ir.Value) else None
+        tb = b.type if isinstance(b, ir.Value) else None
+        for v in (a, b):
+            if not isinstance(v, (ir.Value, bool, int, float)):
+                raise NkError(f"'{name}' is a compile-time {describe(v)} on one path and differs on another", span)
+        if ta is None or tb is None:
+            t = ta or tb
+            lit = a if ta is None else b
+            return t.with_dtype(weak_dtype(lit, t.dtype)) if t.dtype != bool_ else t
+        shape = ta.shape if ta.shape == tb.shape else None
+        if shape is None:
+            if not ta.shape or not tb.shape:
+                shape = ta.shape or tb.shape
+            else:
+                raise NkError(f"'{name}' is {ta} on one path and {tb} on another", span)
+        if isinstance(ta.dtype, Ptr) or isinstance(tb.dtype, Ptr):
+            if ta.dtype != tb.dtype:
+                raise NkError(f"'{name}' is {ta} on one path and {tb} on another", span)
+            return Type(shape, ta.dtype)
+        return Type(shape, promote(ta.dtype, tb.dtype))
+
+    def coerce(self, v, t: Type, name: str, span: Span) -> ir.Value:
+        v = self.cast(self.value(v, span, t.dtype if not isinstance(t.dtype, Ptr) else None), t.dtype, span)
+        return self.to_shape(v, t.shape, span)
+
+    def stmt_For(self, s: A.For):
+        if not (isinstance(s.iter, A.Call) and isinstance(s.iter.func, A.Name)
+                and s.iter.func.id in ("range", "static_range")):
+            raise NkError("a kernel loop iterates over range(...) or static_range(...)", s.iter.span,
+                          "tile loops (`tiles(...)`) belong to tile programs, which deuteron compiles")
+        args = [self.expr(a) for a in s.iter.args]
+        if s.iter.kwargs or not 1 <= len(args) <= 3:
+            raise NkError(f"{s.iter.func.id}() takes 1 to 3 positional arguments", s.iter.span)
+        lo, hi, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) == 3 else 1)
+        if not isinstance(s.target, A.Name):
+            raise NkError("a range loop binds one name", s.target.span)
+        if s.iter.func.id == "static_range":
+            for v, what in ((lo, "start"), (hi, "end"), (step, "step")):
+                self.constexpr(v, f"static_range {what}", s.iter.span)
+            for i in range(lo, hi, step):
+                self.env[s.target.id] = i
+                self.block(s.body)
+            return
+        self.runtime_for(s, lo, hi, step)
+
+    def runtime_for(self, s: A.For, lo, hi, step):
+        span = s.span
+        if is_const(step) and step == 0:
+            raise NkError("range() step must not be zero", s.iter.span)
+        bounds = self.unify([lo, hi, step], s.iter.span)
+        if bounds[0].type.shape or not bounds[0].type.dtype.is_int:
+            raise NkError("range() bounds must be integer scalars", s.iter.span)
+        carried = [n for n in assigned_names(s.body) if n in self.env and n != s.target.id
+                   and isinstance(self.env[n], (ir.Value, bool, int, float))]
+        types = {}
+        for n in carried:
+            v = self.env[n]
+            types[n] = v.type if isinstance(v, ir.Value) else Type((), literal_dtype(v))
+        before = dict(self.env)
+        for attempt in range(3):
+            outer = self.region
+            body = ir.Region([ir.Value(bounds[0].type, s.target.id)] + [ir.Value(types[n], n) for n in carried])
+            self.region = body
+            self.env = dict(before)
+            self.env[s.target.id] = body.params[0]
+            for n, p in zip(carried, body.params[1:]):
+                self.env[n] = p
+            try:
+                self.block(s.body)
+            except _Return:
+                raise NkError("`return` inside a runtime loop is not supported", span) from None
+            new = {n: self.join_type(n, self.env[n], body.params[1 + i], span) for i, n in enumerate(carried)}
+            self.region = outer
+            if all(new[n] == types[n] for n in carried):
+                break
+            types = new  # a literal or narrower init met a wider value in the body: widen and trace again
+        else:
+            raise NkError("loop-carried types did not settle", span)
+        self.region = body
+        self.emit("yield", [self.coerce(self.env[n], types[n], n, span) for n in carried], None, span)
+        self.region = outer
+        self.env = dict(before)
+        inits = [self.coerce(before[n], types[n], n, span) for n in carried]
+        op = ir.Op("for", bounds + inits, [ir.Value(types[n], n) for n in carried], {}, span, [body])
+        self.region.ops.append(op)
+        for n, v in zip(carried, op.results):
+            self.env[n] = v
+
+    def stmt_Subscript(self, s):
+        raise NkError("unexpected subscript statement", s.span)
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def inline(self, d: A.FuncDef, args, kwargs, span: Span):
+        if self.depth > 32:
+            raise NkError(f"helper '{d.name}' calls itself too deeply (recursion is not supported)", span)
+        env = self.bind(d, args, kwargs, span)
+        saved, self.env = self.env, env
+        self.depth += 1
+        try:
+            self.block(d.body)
+            result = None
+        except _Return as r:
+            result = r.value
+        finally:
+            self.env = saved
+            self.depth -= 1
+        return result
+
+    def bind(self, d: A.FuncDef, args, kwargs, span: Span) -> dict:
+        names = [p.name for p in d.params]
+        if len(args) > len(names):
+            raise NkError(f"{d.name}() takes {len(names)} arguments, {len(args)} given", span)
+        env = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names:
+                raise NkError(f"{d.name}() has no parameter '{k}'", span)
+            if k in env:
+                raise NkError(f"{d.name}() got two values for '{k}'", span)
+            env[k] = v
+        for p in d.params:
+            if p.name not in env:
+                if p.default is None:
+                    raise NkError(f"{d.name}() is missing argument '{p.name}'", span)
+                env[p.name] = self.expr(p.default)
+            if is_constexpr_annot(p.annotation):
+                self.constexpr(env[p.name], f"argument '{p.name}'", span)
+        return env
+
+
+def is_constexpr_annot(a) -> bool:
+    return isinstance(a, A.Name) and a.id == "constexpr"
+
+
+def annotation_type(a: A.Expr | None):
+    """The dtype or pointer type an annotation fixes, or None."""
+    if isinstance(a, A.Name) and a.id in DTYPES:
+        return DTYPES[a.id]
+    if isinstance(a, A.UnaryOp) and a.op == "*" and isinstance(a.operand, A.Name) and a.operand.id in DTYPES:
+        return Ptr(DTYPES[a.operand.id])
+    if a is None or is_constexpr_annot(a):
+        return None
+    raise NkError("unknown type annotation", a.span, "use constexpr, a dtype such as i32, or a pointer such as *f16")
+
+
+def assigned_names(stmts) -> list[str]:
+    """Names a loop body may assign, in first-assignment order (candidates for loop-carried values)."""
+    out: list[str] = []
+
+    def add(t):
+        if isinstance(t, A.Name) and t.id not in out:
+            out.append(t.id)
+        elif isinstance(t, A.TupleExpr):
+            for x in t.items:
+                add(x)
+
+    for s in stmts:
+        if isinstance(s, A.Assign):
+            for t in s.targets:
+                add(t)
+        elif isinstance(s, A.AugAssign):
+            add(s.target)
+        elif isinstance(s, A.If):
+            for n in assigned_names(s.body) + assigned_names(s.orelse):
+                add(A.Name(n, s.span))
+        elif isinstance(s, A.For):
+            for n in assigned_names(s.body):
+                add(A.Name(n, s.span))
+    return out
+
+
+def describe(v) -> str:
+    if isinstance(v, ir.Value):
+        return f"a {'block' if v.type.shape else 'scalar'} of type {v.type}"
+    if isinstance(v, str):
+        return f"'{v}'"
+    return f"{type(v).__name__} {v!r}"
+
+
+def check(module: A.Module, name: str, sig: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 1,
+          idx64: bool = False) -> ir.Kernel:
+    """Type one kernel of a module for one specialization.
+
+    sig maps each runtime parameter to its DType/Ptr; constexprs maps constexpr parameters to values.
+    """
+    d = next((d for d in module.defs if d.name == name), None)
+    if d is None or d.kind != "kernel":
+        kernels = [k.name for k in module.defs if k.kind == "kernel"]
+        raise NkError(f"no kernel named '{name}' in {module.file}", None,
+                      f"kernels: {', '.join(kernels)}" if kernels else "")
+    if not is_pow2(num_warps) or num_warps > 32:
+        raise NkError(f"num_warps={num_warps} must be a power of two from 1 to 32", d.span)
+    c = Checker(module, num_warps, idx64)
+    params = []
+    for p in d.params:
+        if is_constexpr_annot(p.annotation):
+            if p.name in constexprs:
+                c.env[p.name] = constexprs[p.name]
+            elif p.default is not None:
+                c.env[p.name] = c.expr(p.default)
+            else:
+                raise NkError(f"missing constexpr '{p.name}' for kernel '{name}'", p.span,
+                              f"pass it by keyword at launch, e.g. {name}[grid](..., {p.name}=...)")
+            continue
+        fixed = annotation_type(p.annotation)
+        t = sig.get(p.name)
+        if t is None:
+            raise NkError(f"no type for parameter '{p.name}'", p.span)
+        if fixed is not None:
+            if isinstance(fixed, Ptr) != isinstance(t, Ptr) or (isinstance(fixed, Ptr) and fixed != t):
+                raise NkError(f"parameter '{p.name}' is declared {fixed.name} but got {t.name}", p.span)
+            t = fixed
+        v = ir.Value(Type((), t), p.name)
+        params.append(v)
+        c.env[p.name] = v
+    try:
+        c.block(d.body)
+    except _Return:
+        raise NkError("a kernel cannot return a value; store results through pointers", d.span) from None
+    k = ir.Kernel(name, params, c.region, num_warps, num_stages, dict(constexprs), d.span)
+    ir.maybe_verify(k)
+    return k
+
+
+# ---- builtins --------------------------------------------------------------------------------
+# Each takes (checker, span, *arguments); the signature is what users see in arity errors.
+
+@builtin("program_id", "num_programs")
+def _program_id(c: Checker, span, axis, *, _name=""):
+    axis = c.constexpr(axis, "the axis", span)
+    if axis not in (0, 1, 2):
+        raise NkError(f"axis must be 0, 1 or 2, got {axis}", span)
+    return c.emit(_name, [], Type((), i64 if c.idx64 else i32), span, {"axis": axis})
+
+
+@builtin("arange")
+def _arange(c: Checker, span, start, end):
+    start, end = c.constexpr(start, "arange start", span), c.constexpr(end, "arange end", span)
+    if not is_pow2(end - start):
+        raise NkError(f"arange({start}, {end}) has {end - start} elements, not a power of two", span,
+                      "use a power-of-two range and mask the extra lanes")
+    return c.emit("arange", [], Type((end - start,), i32), span, {"start": start, "end": end})
+
+
+@builtin("zeros")
+def _zeros(c: Checker, span, shape, dtype=f32):
+    return _full(c, span, shape, 0, dtype)
+
+
+@builtin("full")
+def _full(c: Checker, span, shape, value, dtype=f32):
+    shape = c.block_shape(shape, span)
+    if not isinstance(dtype, DType):
+        raise NkError(f"expected a dtype, got {describe(dtype)}", span)
+    v = c.cast(c.value(value, span, dtype), dtype, span)
+    return c.to_shape(v, shape, span)
+
+
+@builtin("load")
+def _load(c: Checker, span, ptr, mask=None, other=None):
+    if not isinstance(ptr, ir.Value) or not isinstance(ptr.type.dtype, Ptr):
+        raise NkError(f"load() needs a pointer, got {describe(ptr)}", span)
+    shape = ptr.type.shape
+    if mask is not None:
+        mask = c.value(mask, span, bool_)
+        shape = broadcast_shapes(shape, mask.type.shape, span)
+        mask = c.to_shape(c.truth(mask, span), shape, span)
+    elem = ptr.type.dtype.elem
+    if other is not None:
+        if mask is None:
+            raise NkError("load(other=...) needs a mask", span)
+        other = c.to_shape(c.cast(c.value(other, span, elem), elem, span), shape, span)
+    ptr = c.to_shape(ptr, shape, span)
+    return c.emit("load", [ptr, mask, other], Type(shape, elem), span)
+
+
+@builtin("store")
+def _store(c: Checker, span, ptr, value, mask=None):
+    if not isinstance(ptr, ir.Value) or not isinstance(ptr.type.dtype, Ptr):
+        raise NkError(f"store() needs a pointer, got {describe(ptr)}", span)
+    value = c.value(value, span, ptr.type.dtype.elem)
+    shape = broadcast_shapes(ptr.type.shape, value.type.shape, span)
+    if mask is not None:
+        mask = c.value(mask, span, bool_)
+        shape = broadcast_shapes(shape, mask.type.shape, span)
+        mask = c.to_shape(c.truth(mask, span), shape, span)
+    if value.type.shape and len(value.type.shape) == len(shape) and value.type.shape != shape and ptr.type.shape:
+        broadcast_shapes(value.type.shape, ptr.type.shape, span)
+    value = c.to_shape(c.cast(value, ptr.type.dtype.elem, span), shape, span)
+    c.emit("store", [c.to_shape(ptr, shape, span), value, mask], None, span)
+
+
+@builtin("atomic_add", "atomic_max", "atomic_min", "atomic_xchg")
+def _atomic(c: Checker, span, ptr, val, mask=None, *, _name=""):
+    return atomic(c, span, ATOMICS[_name], ptr, [val], mask)
+
+
+@builtin("atomic_cas")
+def _atomic_cas(c: Checker, span, ptr, cmp, val, mask=None):
+    return atomic(c, span, "cas", ptr, [cmp, val], mask)
+
+
+def atomic(c: Checker, span, kind, ptr, vals, mask):
+    if not isinstance(ptr, ir.Value) or not isinstance(ptr.type.dtype, Ptr):
+        raise NkError(f"atomics need a pointer, got {describe(ptr)}", span)
+    elem = ptr.type.dtype.elem
+    if elem.bits < 32 and kind != "cas" or elem == bool_:
+        raise NkError(f"atomic_{kind} on {elem} is not supported", span, "use 32- or 64-bit elements")
+    vals = [c.cast(c.value(v, span, elem), elem, span) for v in vals]
+    shape = ptr.type.shape
+    for v in vals:
+        shape = broadcast_shapes(shape, v.type.shape, span)
+    if mask is not None:
+        mask = c.value(mask, span, bool_)
+        shape = broadcast_shapes(shape, mask.type.shape, span)
+        mask = c.to_shape(c.truth(mask, span), shape, span)
+    args = [c.to_shape(ptr, shape, span)] + [c.to_shape(v, shape, span) for v in vals] + [mask]
+    return c.emit("atomic", args, Type(shape, elem), span, {"kind": kind})
+
+
+@builtin("where")
+def _where(c: Checker, span, cond, a, b):
+    if is_const(cond):
+        return a if cond else b
+    cond = c.truth(c.value(cond, span), span)
+    a, b = c.unify([a, b], span)
+    shape = broadcast_shapes(cond.type.shape, a.type.shape, span)
+    return c.emit("where", [c.to_shape(cond, shape, span), c.to_shape(a, shape, span), c.to_shape(b, shape, span)],
+                  Type(shape, a.type.dtype), span)
+
+
+@builtin("cdiv")
+def _cdiv(c: Checker, span, a, b):
+    return c.binary("//", c.binary("-", c.binary("+", a, b, span), 1, span), b, span)
+
+
+@builtin("minimum", "maximum")
+def _minmax(c: Checker, span, a, b, *, _name=""):
+    if is_const(a) and is_const(b):
+        return min(a, b) if _name == "minimum" else max(a, b)
+    x, y = c.unify([a, b], span)
+    return c.emit(_name, [x, y], x.type, span)
+
+
+def _float_operand(c: Checker, x, span) -> ir.Value:
+    x = c.value(x, span)
+    return x if x.type.dtype.is_float else c.cast(x, f32, span)
+
+
+@builtin(*MATH)
+def _math(c: Checker, span, x, *, _name=""):
+    if is_const(x):
+        fn = {"rsqrt": lambda v: 1 / math.sqrt(v), "sigmoid": lambda v: 1 / (1 + math.exp(-v)),
+              "exp2": lambda v: 2.0 ** v}.get(_name) or getattr(math, _name)
+        return fn(x)
+    x = _float_operand(c, x, span)
+    return c.emit(_name, [x], x.type, span)
+
+
+@builtin("abs")
+def _abs(c: Checker, span, x):
+    if is_const(x):
+        return abs(x)
+    return c.emit("abs", [x], x.type, span)
+
+
+@builtin("fma")
+def _fma(c: Checker, span, a, b, d):
+    a, b, d = c.unify([a, b, d], span)
+    if not a.type.dtype.is_float:
+        raise NkError("fma() needs float operands", span)
+    return c.emit("fma", [a, b, d], a.type, span)
+
+
+@builtin(*REDUCTIONS)
+def _reduce(c: Checker, span, x, axis=None, keep_dims=False, *, _name=""):
+    if is_const(x) and _name in ("max", "min") and isinstance(axis, (int, float)) and not isinstance(x, str):
+        return (max if _name == "max" else min)(x, axis)  # max(A, B) of two constants folds
+    if not isinstance(x, ir.Value) or not x.type.shape:
+        raise NkError(f"{_name}() reduces a block, got {describe(x)}", span)
+    axis = c.constexpr(axis, "the reduction axis", span)
+    keep_dims = c.constexpr(keep_dims, "keep_dims", span)
+    if axis is None:
+        if len(x.type.shape) > 1:
+            x = c.emit("reshape", [x], Type((x.type.numel,), x.type.dtype), span)
+        axis = 0
+    rank = len(x.type.shape)
+    if not -rank <= axis < rank:
+        raise NkError(f"axis {axis} is out of range for a block of rank {rank}", span)
+    axis %= rank
+    shape = x.type.shape[:axis] + ((1,) if keep_dims else ()) + x.type.shape[axis + 1:]
+    dtype = i32 if _name in ("argmax", "argmin") else x.type.dtype
+    if dtype == bool_ and _name == "sum":
+        x = c.cast(x, i32, span)
+        dtype = i32
+    return c.emit("reduce", [x], Type(shape, dtype), span, {"kind": _name, "axis": axis, "keep_dims": keep_dims})
+
+
+@builtin("reshape")
+def _reshape(c: Checker, span, x, shape):
+    shape = c.block_shape(shape, span)
+    x = c.value(x, span)
+    if math.prod(shape) != x.type.numel:
+        raise NkError(f"cannot reshape {x.type} to {list(shape)}: element counts differ", span)
+    return c.emit("reshape", [x], Type(shape, x.type.dtype), span)
+
+
+@builtin("broadcast_to")
+def _broadcast_to(c: Checker, span, x, shape):
+    shape = c.block_shape(shape, span)
+    x = c.value(x, span)
+    if broadcast_shapes(x.type.shape, shape, span) != shape:
+        raise NkError(f"cannot broadcast {x.type} to {list(shape)}", span)
+    return c.to_shape(x, shape, span)
+
+
+@builtin("trans")
+def _trans(c: Checker, span, x, *dims):
+    if not isinstance(x, ir.Value) or not x.type.shape:
+        raise NkError(f"trans() needs a block, got {describe(x)}", span)
+    rank = len(x.type.shape)
+    perm = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else tuple(dims)
+    perm = perm or tuple(reversed(range(rank)))
+    if sorted(perm) != list(range(rank)):
+        raise NkError(f"trans() dims {list(perm)} are not a permutation of {list(range(rank))}", span)
+    shape = tuple(x.type.shape[p] for p in perm)
+    return c.emit("trans", [x], Type(shape, x.type.dtype), span, {"perm": perm})
+
+
+@builtin("dot")
+def _dot(c: Checker, span, a, b, acc=None):
+    for v in (a, b):
+        if not isinstance(v, ir.Value) or len(v.type.shape) != 2:
+            raise NkError(f"dot() takes two 2-D blocks, got {describe(v)}", span)
+    (m, k), (k2, n) = a.type.shape, b.type.shape
+    if k != k2:
+        raise NkError(f"dot() inner dimensions differ: {a.type} @ {b.type}", span)
+    out = acc.type.dtype if isinstance(acc, ir.Value) else (f64 if a.type.dtype == f64 else f32)
+    if a.type.dtype != b.type.dtype:
+        dt = promote(a.type.dtype, b.type.dtype)
+        a, b = c.cast(a, dt, span), c.cast(b, dt, span)
+    acc = c.to_shape(c.cast(c.value(0 if acc is None else acc, span, out), out, span), (m, n), span)
+    return c.emit("dot", [a, b, acc], Type((m, n), out), span)
+
+
+@builtin("static_assert")
+def _static_assert(c: Checker, span, cond, msg=""):
+    cond = c.constexpr(cond, "a static_assert condition", span)
+    if not cond:
+        raise NkError(f"static_assert failed{': ' + msg if msg else ''}", span)
+
+
+@builtin("print")
+def _print(c: Checker, span, prefix, *values):
+    if not isinstance(prefix, str):
+        values, prefix = (prefix,) + values, ""
+    c.emit("print", [c.value(v, span) for v in values], None, span, {"prefix": prefix})
+
+
+@builtin("range", "static_range")
+def _range(c: Checker, span, *args):
+    raise NkError("range() and static_range() only appear as `for` loop iterables", span)

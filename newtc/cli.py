@@ -1,0 +1,203 @@
+"""The `newtc` command: compile a `.nk` kernel to IR, CUDA C++, PTX, a cubin or SASS without Python code."""
+from __future__ import annotations
+
+import argparse
+import ast as pyast
+import dataclasses
+import sys
+from pathlib import Path
+
+from . import ast as A
+from . import check, ir, jit, nvrtc, syntax
+from .errors import NkError
+from .types import DTYPES, parse_type
+
+EPILOG = """\
+examples:
+  newtc stdlib/add.nk --sig x=*f32,y=*f32,out=*f32,n=i32 -D BLOCK=1024             # CUDA C++
+  newtc stdlib/add.nk --sig x=*f32,y=*f32,out=*f32,n=i32 -D BLOCK=1024 --emit sass  # SASS for sm_90a
+  newtc stdlib/add.nk --sig x=*f16,y=*f16,out=*f16,n=i32 -D BLOCK=512 --emit cubin -o add.cubin
+  cat k.nk | newtc - -k scale --sig x=*f32,n=i32 -D BLOCK=256 --emit ir
+  newtc --check stdlib/add.nk                                                      # diagnostics only
+
+exit status: 0 ok, 1 an error in the input (shown as FILE:LINE:COL diagnostics), 2 bad usage.
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="newtc", description=__doc__.split(":", 1)[1].strip(), epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", metavar="FILE.nk", help="the source file; '-' reads standard input")
+    p.add_argument("-k", "--kernel", help="the kernel to compile (default: the file's only kernel)")
+    p.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE",
+                   help="a constexpr parameter: a Python literal (1024, 0.5, True, 'sum') or a dtype (f16)")
+    p.add_argument("--sig", action="append", default=[], metavar="NAME=TYPE,...",
+                   help="types of runtime parameters, as in the language: *f32, i32, ...")
+    p.add_argument("--num-warps", type=int, default=4, metavar="N")
+    p.add_argument("--num-stages", type=int, default=1, metavar="N")
+    p.add_argument("--arch", default="sm_90a", help="GPU architecture for ptx/cubin/sass (default: sm_90a)")
+    p.add_argument("--emit", choices=["ast", "ir", "cuda", "ptx", "cubin", "sass"], default="cuda",
+                   help="what to produce (default: cuda)")
+    p.add_argument("-o", "--output", metavar="PATH", help="write here instead of standard output")
+    p.add_argument("--check", action="store_true",
+                   help="only report diagnostics: parse, and check every kernel whose -D/--sig are complete")
+    return p
+
+
+def parse_defines(p, items) -> dict:
+    out = {}
+    for item in items:
+        name, eq, text = item.partition("=")
+        if not eq or not name.isidentifier():
+            p.error(f"-D expects NAME=VALUE, got {item!r}")
+        try:
+            out[name] = DTYPES[text] if text in DTYPES else pyast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            out[name] = None
+        if not isinstance(out[name], (int, float, bool, str)) and out[name] not in DTYPES.values():
+            p.error(f"-D {name}: {text!r} is not an int, float, bool, quoted string or dtype literal")
+    return out
+
+
+def parse_sig(p, items) -> dict:
+    out = {}
+    for part in (s for item in items for s in item.split(",") if s.strip()):
+        name, eq, text = part.partition("=")
+        t = parse_type(text) if eq else None
+        if t is None:
+            p.error(f"--sig expects NAME=TYPE with TYPE one of {', '.join(DTYPES)} or a pointer such as *f32, "
+                    f"got {part.strip()!r}")
+        out[name.strip()] = t
+    return out
+
+
+def specialization(d: A.FuncDef, sig: dict, defines: dict):
+    """(sig, constexprs, params lacking a --sig type, constexprs lacking a -D value) for one kernel."""
+    sig, no_sig, no_value = dict(sig), [], []
+    for p in d.params:
+        if check.is_constexpr_annot(p.annotation):
+            if p.name not in defines and p.default is None:
+                no_value.append(p)
+            continue
+        fixed = check.annotation_type(p.annotation)
+        if fixed is not None:
+            sig.setdefault(p.name, fixed)
+        if p.name not in sig:
+            no_sig.append(p)
+    return sig, {k: v for k, v in defines.items() if any(p.name == k for p in d.params)}, no_sig, no_value
+
+
+def dump_ast(node, depth=0) -> str:
+    """A readable AST: one line per statement (fields without spans), bodies indented."""
+    def short(v):
+        if dataclasses.is_dataclass(v):
+            fields = (f"{f.name}={short(getattr(v, f.name))}" for f in dataclasses.fields(v)
+                      if f.name not in ("span", "body", "orelse", "source", "defs"))
+            return f"{type(v).__name__}({', '.join(fields)})"
+        return f"[{', '.join(map(short, v))}]" if isinstance(v, (list, tuple)) else repr(v)
+    pad, lines = "  " * depth, []
+    for n in node.defs if isinstance(node, A.Module) else node:
+        lines.append(f"{pad}{short(n)}" + (f"  # {n.span.line}" if hasattr(n, "span") else ""))
+        for label in ("body", "orelse"):
+            if getattr(n, label, None):
+                lines += [f"{pad}  {label}:", dump_ast(getattr(n, label), depth + 2)]
+    return "\n".join(lines)
+
+
+def emit(args, module: A.Module, filename: str):
+    kernels = [d for d in module.defs if d.kind == "kernel"]
+    if args.emit == "ast":
+        return dump_ast(module) + "\n"
+    names = ", ".join(d.name for d in kernels) or "none"
+    if args.kernel is None and len(kernels) != 1:
+        raise NkError(f"{filename} has {len(kernels)} kernels; pick one with -k", None, f"kernels: {names}")
+    d = next((d for d in kernels if args.kernel in (None, d.name)), None)
+    if d is None:
+        raise NkError(f"no kernel named '{args.kernel}' in {filename}", None, f"kernels: {names}")
+    for name in [*args.sig, *args.defines]:
+        if all(p.name != name for p in d.params):
+            raise NkError(f"kernel '{d.name}' has no parameter '{name}'", d.span,
+                          f"parameters: {', '.join(p.name for p in d.params)}")
+    sig, consts, no_sig, no_value = specialization(d, args.sig, args.defines)
+    if no_sig:
+        p = no_sig[0]
+        raise NkError(f"no type for runtime parameter '{p.name}' of kernel '{d.name}'", p.span,
+                      f"pass --sig {p.name}=*f32 for a pointer or --sig {p.name}=i32 for a scalar")
+    if no_value:
+        p = no_value[0]
+        raise NkError(f"missing constexpr '{p.name}' for kernel '{d.name}'", p.span, f"pass -D {p.name}=VALUE")
+    k = jit.typed_ir(module, d.name, sig, consts, args.num_warps, args.num_stages, False)
+    if args.emit == "ir":
+        return ir.print_kernel(k)
+    gen = jit.cuda_source(k, filename)
+    if args.emit == "cuda":
+        return gen.source
+    out = nvrtc.compile(gen.source, gen.name, args.arch)
+    if args.emit == "ptx":
+        if out.ptx is None:
+            raise NkError("this NVRTC kept no PTX for the program", None, "try --arch compute_90a")
+        return out.ptx
+    return out.cubin if args.emit == "cubin" else nvrtc.disassemble(out.cubin)
+
+
+def check_all(args, module: A.Module) -> list[NkError]:
+    errors = []
+    for d in (d for d in module.defs if d.kind == "kernel" and args.kernel in (None, d.name)):
+        sig, consts, no_sig, no_value = specialization(d, args.sig, args.defines)
+        if no_sig or no_value:
+            need = [f"{flag} for {', '.join(p.name for p in ps)}"
+                    for flag, ps in (("--sig", no_sig), ("-D", no_value)) if ps]
+            print(f"newtc: note: kernel '{d.name}' parsed, not checked: it needs {' and '.join(need)}", file=sys.stderr)
+            continue
+        try:
+            check.check(module, d.name, sig, consts, args.num_warps, args.num_stages)
+        except NkError as err:
+            errors.append(err)
+    return errors
+
+
+def main(argv=None) -> int:
+    """Run the command; returns the exit status (argparse's usage errors and --help included)."""
+    try:
+        return run(argv)
+    except SystemExit as e:  # argparse: 2 for bad usage, 0 for --help
+        return e.code if isinstance(e.code, int) else 1
+
+
+def run(argv) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    args.sig, args.defines = parse_sig(p, args.sig), parse_defines(p, args.defines)
+    if args.emit == "cubin" and not args.output and not args.check and sys.stdout.isatty():
+        p.error("a cubin is binary: write it to a file with -o PATH (or redirect standard output)")
+    try:
+        filename = "<stdin>" if args.file == "-" else args.file
+        try:
+            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        except OSError as e:
+            raise NkError(f"cannot read {args.file}: {e.strerror}") from None
+        module = syntax.parse(text, filename)
+        if args.check:
+            errors = check_all(args, module)
+            print("\n".join(err.render() for err in errors), file=sys.stderr, end="\n" if errors else "")
+            return 1 if errors else 0
+        result = emit(args, module, filename)
+        if args.output:
+            try:
+                Path(args.output).write_bytes(result if isinstance(result, bytes) else result.encode())
+            except OSError as e:
+                raise NkError(f"cannot write {args.output}: {e.strerror}") from None
+        elif isinstance(result, bytes):
+            sys.stdout.flush()
+            sys.stdout.buffer.write(result)
+            sys.stdout.buffer.flush()
+        else:
+            sys.stdout.write(result if result.endswith("\n") else result + "\n")
+        return 0
+    except NkError as err:
+        print(err.render(), file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""C types and the C expression of each elementwise op, one register at a time."""
+from __future__ import annotations
+
+from ..types import DType, Ptr, bf16, f16, f64
+
+CTYPES = {"bool": "bool", "i8": "signed char", "i16": "short", "i32": "int", "i64": "long long",
+          "u8": "unsigned char", "u16": "unsigned short", "u32": "unsigned", "u64": "unsigned long long",
+          "f16": "nk_f16", "bf16": "nk_bf16", "f32": "float", "f64": "double"}
+HALF = (f16, bf16)
+MATH_F32 = {"exp": "nk_exp", "exp2": "nk_exp2", "log": "nk_log", "log2": "nk_log2", "sqrt": "sqrtf", "rsqrt": "rsqrtf",
+            "sin": "sinf", "cos": "cosf", "tanh": "tanhf", "erf": "erff", "floor": "floorf", "ceil": "ceilf",
+            "abs": "fabsf"}
+INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "shl": "<<", "shr": ">>", "lt": "<", "le": "<=",
+         "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+
+
+def ctype(dt) -> str:
+    if isinstance(dt, Ptr):
+        return CTYPES[dt.elem.name] + "*"
+    return CTYPES[dt.name]
+
+
+def compute_type(dt: DType) -> str:
+    """The C type arithmetic happens in: f32 for 16-bit floats, int for narrow integers (as C promotes)."""
+    if dt in HALF:
+        return "float"
+    if dt.kind == "b" or (dt.is_int and dt.bits < 32):
+        return "unsigned" if dt.kind == "u" else "int"
+    return ctype(dt)
+
+
+def widen(x: str, dt) -> str:
+    return f"nk_tof({x})" if dt in HALF else x
+
+
+def narrow(x: str, dt) -> str:
+    """Round a compute-type expression back to dt."""
+    if dt in HALF:
+        return f"nk_to_{dt.name}({x})"
+    if isinstance(dt, DType) and (dt.kind == "b" or dt.bits < 32):
+        return f"({ctype(dt)})({x})"
+    return x
+
+
+def literal(value, dt) -> str:
+    if dt.kind == "b":
+        return "true" if value else "false"
+    if dt.is_float:
+        if value != value:
+            text = "__int_as_float(0x7fc00000)" if dt != f64 else "__longlong_as_double(0x7ff8000000000000ll)"
+        elif value in (float("inf"), float("-inf")):
+            sign = "-" if value < 0 else ""
+            text = f"{sign}__int_as_float(0x7f800000)" if dt != f64 else f"{sign}__longlong_as_double(0x7ff0000000000000ll)"
+        else:
+            text = repr(float(value)) + ("" if dt == f64 else "f")
+        return narrow(text, dt) if dt in HALF else text
+    suffix = {"i64": "ll", "u64": "ull", "u32": "u"}.get(dt.name, "")
+    return f"({ctype(dt)}){int(value)}{suffix}" if dt.bits < 32 else f"{int(value)}{suffix}"
+
+
+def cast(x: str, src, dst) -> str:
+    if src == dst:
+        return x
+    if dst.kind == "b":
+        return f"({widen(x, src)} != 0)"
+    if dst in HALF:
+        return narrow(f"(float)({widen(x, src)})", dst)
+    return f"({ctype(dst)})({widen(x, src)})"
+
+
+F64 = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2"}
+
+
+def math_fn(kind: str, dt: DType) -> str:
+    name = MATH_F32[kind]
+    return F64.get(kind, name[:-1]) if dt == f64 else name
+
+
+def elementwise(kind: str, dts: list, out, xs: list[str]) -> str:
+    """C expression for one register of an elementwise op; dts are the operand dtypes."""
+    dt = dts[0]
+    if kind == "cast":
+        return cast(xs[0], dt, out)
+    if kind == "bitcast":
+        return f"nk_bitcast<{ctype(out)}>({xs[0]})"
+    if kind == "where":
+        return f"({xs[0]} ? {xs[1]} : {xs[2]})"
+    if kind == "ptradd":
+        return f"({xs[0]} + {xs[1]})"
+    ws = [widen(x, d) for x, d in zip(xs, dts)]
+    flt = isinstance(dt, DType) and dt.is_float
+    if kind == "div" and dt != f64:
+        e = f"nk_div({ws[0]}, {ws[1]})"
+    elif kind in INFIX:
+        e = f"({ws[0]} {INFIX[kind]} {ws[1]})"
+    elif kind in ("and", "or", "xor"):
+        op = {"and": "&", "or": "|", "xor": "^"}[kind] if dt.kind != "b" else {"and": "&&", "or": "||", "xor": "!="}[kind]
+        e = f"({ws[0]} {op} {ws[1]})"
+    elif kind == "floordiv":
+        e = f"{math_fn('floor', dt)}({ws[0]} / {ws[1]})" if flt else f"({ws[0]} / {ws[1]})"
+    elif kind == "mod":
+        e = f"{'fmod' if dt == f64 else 'fmodf'}({ws[0]}, {ws[1]})" if flt else f"({ws[0]} % {ws[1]})"
+    elif kind in ("minimum", "maximum"):
+        if flt:
+            e = f"{'f' + kind[:3] + ('' if dt == f64 else 'f')}({ws[0]}, {ws[1]})"
+        else:
+            e = f"({ws[0]} {'<' if kind == 'minimum' else '>'} {ws[1]} ? {ws[0]} : {ws[1]})"
+    elif kind == "neg":
+        e = f"(-{ws[0]})"
+    elif kind == "not":
+        e = f"(!{ws[0]})" if dt.kind == "b" else f"(~{ws[0]})"
+    elif kind == "abs" and not flt:
+        e = f"({ws[0]} < 0 ? -{ws[0]} : {ws[0]})"
+    elif kind == "sigmoid":
+        one = "1.0" if dt == f64 else "1.0f"
+        e = f"({one} / ({one} + {math_fn('exp', dt)}(-{ws[0]})))"
+    elif kind == "fma":
+        e = f"{'fma' if dt == f64 else 'fmaf'}({ws[0]}, {ws[1]}, {ws[2]})"
+    else:
+        e = f"{math_fn(kind, dt)}({ws[0]})"
+    return narrow(e, out) if out.kind != "b" else e

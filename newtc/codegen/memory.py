@@ -1,0 +1,145 @@
+"""Loads, stores and atomics: one 128-bit access per contiguous, aligned, unmasked 16-byte group.
+
+Whether a group is contiguous and aligned is checked at run time with a few integer compares
+(the compiler folds the contiguity compares when the offsets are affine in arange); the scalar
+path, with per-element masks, is the fallback.
+"""
+from __future__ import annotations
+
+from .. import ir
+from ..errors import NkError
+from ..layout import Layout
+from . import cexpr
+
+
+def group_size(layout: Layout, itemsize: int) -> int:
+    """Registers per vector access: leading register bits that walk consecutive flat elements."""
+    g = 1
+    while g < layout.nregs and len(layout.reg) > g.bit_length() - 1 and layout.reg[g.bit_length() - 1] == g \
+            and 2 * g * itemsize <= 16:
+        g *= 2
+    return g
+
+
+def vector_condition(ptrs: list[str], masks: list[str] | None, nbytes: int) -> str:
+    conds = [f"((unsigned long long)({ptrs[0]}) & {nbytes - 1}) == 0"]
+    conds += [f"{p} == {ptrs[0]} + {j}" for j, p in enumerate(ptrs) if j]
+    conds += masks or []
+    return " && ".join(conds)
+
+
+def branch(cond: str, vector: list[str], scalar: list[str]) -> str:
+    """One source line per group, so `#line` maps every instruction of it to the `.nk` line."""
+    return f"if ({cond}) {{ {' '.join(vector)} }} else {{ {' '.join(scalar)} }}"
+
+
+def access_layout(cg, op: ir.Op) -> Layout:
+    ptr = op.args[0]
+    if op.kind == "store" and op.args[1].layout is not None:
+        return op.args[1].layout
+    return ptr.layout or cg.plan.default(ptr.type.with_dtype(ptr.type.dtype.elem))
+
+
+def load_or_atomic(cg, op: ir.Op) -> None:
+    res = op.result
+    t = cexpr.ctype(res.type.dtype)
+    name = cg.name_of(res)
+    if not res.type.shape:
+        if op.kind == "load":
+            cg.emit(f"{t} const {name} = {scalar_load(cg, op)};")
+        else:
+            cg.need_smem(8)
+            cg.emit(f"__syncthreads(); if (nk_tid == 0) (({t}*)nk_smem)[0] = {atomic_expr(op, *[cg.scalar(a) for a in op.args[:-1] if a is not None])};"
+                    if op.args[-1] is None else
+                    f"__syncthreads(); if (nk_tid == 0) (({t}*)nk_smem)[0] = {cg.scalar(op.args[-1])} ? "
+                    f"{atomic_expr(op, *[cg.scalar(a) for a in op.args[:-1]])} : {t}{{}};")
+            cg.emit(f"__syncthreads(); {t} const {name} = (({t}*)nk_smem)[0];")
+        return
+    layout = res.layout
+    n = layout.nregs
+    cg.emit(f"{t} {name}[{n}];")
+    if op.kind == "atomic":
+        atomics(cg, op, layout, name)
+        return
+    ptrs = cg.regs(op.args[0], layout)
+    masks = cg.regs(op.args[1], layout) if op.args[1] is not None else None
+    others = cg.regs(op.args[2], layout) if op.args[2] is not None else [f"{t}{{}}"] * n
+    g = group_size(layout, res.type.dtype.itemsize)
+    for base in range(0, n, g):
+        p, m = ptrs[base:base + g], masks[base:base + g] if masks else None
+        scalar = [f"{name}[{base + j}] = {m[j]} ? *{p[j]} : {others[base + j]};" if m else
+                  f"{name}[{base + j}] = *{p[j]};" for j in range(g)]
+        if g == 1:
+            cg.emit_all(scalar)
+            continue
+        vector = [f"nk_pack<{t}, {g}> u; u.w = *(const decltype(u.w)*)({p[0]});"]
+        vector += [f"{name}[{base + j}] = u.e[{j}];" for j in range(g)]
+        cg.emit(branch(vector_condition(p, m, g * res.type.dtype.itemsize), vector, scalar))
+
+
+def scalar_load(cg, op: ir.Op) -> str:
+    p = cg.scalar(op.args[0])
+    if op.args[1] is None:
+        return f"*{p}"
+    other = cg.scalar(op.args[2]) if op.args[2] is not None else f"{cexpr.ctype(op.result.type.dtype)}{{}}"
+    return f"({cg.scalar(op.args[1])} ? *{p} : {other})"
+
+
+def store(cg, op: ir.Op) -> None:
+    ptr, val, mask = op.args
+    if not ptr.type.shape:
+        cond = "nk_tid == 0" + (f" && {cg.scalar(mask)}" if mask is not None else "")
+        cg.emit(f"if ({cond}) *{cg.scalar(ptr)} = {cg.scalar(val)};")
+        return
+    layout = access_layout(cg, op)
+    ptrs, vals = cg.regs(ptr, layout), cg.regs(val, layout)
+    masks = cg.regs(mask, layout) if mask is not None else None
+    t = cexpr.ctype(val.type.dtype)
+    g = group_size(layout, val.type.dtype.itemsize)
+    owner = cg.owner(layout)
+    if owner:
+        cg.emit(f"if ({owner}) {{")
+    for base in range(0, layout.nregs, g):
+        p, m = ptrs[base:base + g], masks[base:base + g] if masks else None
+        scalar = [f"if ({m[j]}) *{p[j]} = {vals[base + j]};" if m else f"*{p[j]} = {vals[base + j]};" for j in range(g)]
+        if g == 1:
+            cg.emit_all(scalar)
+            continue
+        vector = [f"nk_pack<{t}, {g}> u;"] + [f"u.e[{j}] = {vals[base + j]};" for j in range(g)]
+        vector += [f"*(decltype(u.w)*)({p[0]}) = u.w;"]
+        cg.emit(branch(vector_condition(p, m, g * val.type.dtype.itemsize), vector, scalar))
+    if owner:
+        cg.emit("}")
+
+
+NATIVE = {"add": {"i32", "u32", "u64", "f32", "f64", "i64"}, "max": {"i32", "u32", "i64", "u64"},
+          "min": {"i32", "u32", "i64", "u64"}, "xchg": {"i32", "u32", "u64", "f32", "i64", "f64"},
+          "cas": {"i32", "u32", "u64", "i64", "u16"}}
+FUNCS = {"add": "atomicAdd", "max": "atomicMax", "min": "atomicMin", "xchg": "atomicExch", "cas": "atomicCAS"}
+
+
+def atomic_expr(op: ir.Op, ptr: str, *vals: str) -> str:
+    kind = op.attrs["kind"]
+    dt = op.args[0].type.dtype.elem
+    t = cexpr.ctype(dt)
+    if dt.name in ("f32", "f64") and kind in ("max", "min"):
+        bits = "unsigned" if dt.name == "f32" else "unsigned long long"
+        return f"nk_atomic_minmax<{t}, {bits}>({ptr}, {vals[0]}, {'true' if kind == 'max' else 'false'})"
+    if dt.name not in NATIVE[kind]:
+        raise NkError(f"atomic_{kind} on {dt} is not supported on the GPU", op.span)
+    if dt.name == "i64" and kind in ("add", "xchg", "cas") or dt.name == "f64" and kind == "xchg":
+        u = "unsigned long long"
+        args = ", ".join(f"nk_bitcast<{u}>({v})" for v in vals)
+        return f"nk_bitcast<{t}>({FUNCS[kind]}(({u}*)({ptr}), {args}))"
+    return f"{FUNCS[kind]}({ptr}, {', '.join(vals)})"
+
+
+def atomics(cg, op: ir.Op, layout: Layout, name: str) -> None:
+    cols = [cg.regs(a, layout) for a in op.args[:-1]]
+    mask = cg.regs(op.args[-1], layout) if op.args[-1] is not None else None
+    t = cexpr.ctype(op.result.type.dtype)
+    owner = cg.owner(layout)
+    for i in range(layout.nregs):
+        e = atomic_expr(op, *[c[i] for c in cols])
+        conds = [c for c in (owner, mask[i] if mask else "") if c]
+        cg.emit(f"{name}[{i}] = {' && '.join(conds)} ? {e} : {t}{{}};" if conds else f"{name}[{i}] = {e};")

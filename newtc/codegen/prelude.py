@@ -1,0 +1,38 @@
+"""The CUDA prelude every kernel starts with: no headers, so NVRTC needs nothing but itself.
+
+f16/bf16 are 16-bit structs converted with PTX `cvt`; arithmetic on them happens in f32.
+"""
+PRELUDE = r"""
+struct nk_f16 { unsigned short x; };
+struct nk_bf16 { unsigned short x; };
+__device__ __forceinline__ float nk_tof(nk_f16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.x)); return f; }
+__device__ __forceinline__ float nk_tof(nk_bf16 h) { return __uint_as_float(((unsigned)h.x) << 16); }
+__device__ __forceinline__ nk_f16 nk_to_f16(float f) { nk_f16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.x) : "f"(f)); return h; }
+__device__ __forceinline__ nk_bf16 nk_to_bf16(float f) { nk_bf16 h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.x) : "f"(f)); return h; }
+// Triton's choices for f32: exp/log through the approximate base-2 units, full-range approximate division.
+__device__ __forceinline__ float nk_exp2(float x) { float y; asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+__device__ __forceinline__ float nk_exp(float x) { return nk_exp2(x * 1.4426950408889634f); }
+__device__ __forceinline__ float nk_log2(float x) { float y; asm("lg2.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+__device__ __forceinline__ float nk_log(float x) { return nk_log2(x) * 0.6931471805599453f; }
+__device__ __forceinline__ float nk_div(float a, float b) { float y; asm("div.full.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b)); return y; }
+template <class T, class U> __device__ __forceinline__ T nk_bitcast(U u) { T t; __builtin_memcpy(&t, &u, sizeof(T)); return t; }
+// One memory access of B bytes; alignas makes 8 and 16 bytes a single vector instruction.
+struct alignas(16) nk_w16 { unsigned a, b, c, d; };
+struct alignas(8) nk_w8 { unsigned a, b; };
+template <int B> struct nk_word;
+template <> struct nk_word<16> { typedef nk_w16 t; };
+template <> struct nk_word<8> { typedef nk_w8 t; };
+template <> struct nk_word<4> { typedef unsigned t; };
+template <> struct nk_word<2> { typedef unsigned short t; };
+template <class T, int N> union nk_pack { typename nk_word<sizeof(T) * N>::t w; T e[N]; };
+// Floating-point atomic max/min by compare-and-swap on the bits.
+template <class T, class B> __device__ __forceinline__ T nk_atomic_minmax(T* p, T v, bool is_max) {
+  B* a = (B*)p; B old = *a, assumed;
+  do {
+    assumed = old; T cur = nk_bitcast<T>(assumed);
+    if (is_max ? !(v > cur) : !(v < cur)) break;
+    old = atomicCAS(a, assumed, nk_bitcast<B>(v));
+  } while (old != assumed);
+  return nk_bitcast<T>(old);
+}
+"""

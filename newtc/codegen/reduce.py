@@ -1,0 +1,116 @@
+"""Reductions read off the layout's bases: registers along the axis combine in place, lanes along it
+with a butterfly of warp shuffles, warps along it through shared memory. The CUDA-core `dot` is a
+product in a 3-D layout followed by the same register-level reduction."""
+from __future__ import annotations
+
+from .. import ir
+from ..errors import NkError
+from ..layout import Layout, axis_mask, pure, remap, slice_layout
+from ..types import f32
+from . import cexpr
+
+
+def acc_type(dt) -> str:
+    return cexpr.compute_type(dt)
+
+
+def better(kind: str, a: str, b: str) -> str:
+    """`b` replaces `a` in a max/min reduction (for arg* the index breaks ties)."""
+    return f"{b} > {a}" if kind in ("max", "argmax") else f"{b} < {a}"
+
+
+def combine(kind: str, a: str, b: str, flt: bool) -> str:
+    if kind == "sum":
+        return f"{a} + {b}"
+    fn = ("fmaxf" if kind == "max" else "fminf") if flt else None
+    return f"{fn}({a}, {b})" if fn else f"({better(kind, a, b)} ? {b} : {a})"
+
+
+def step(kind: str, acc: str, idx: str | None, b: str, bi: str | None, flt: bool) -> str:
+    """One statement folding value b (index bi) into acc (index idx)."""
+    if idx is None:
+        return f"{acc} = {combine(kind, acc, b, flt)};"
+    return f"if ({better(kind, acc, b)} || ({b} == {acc} && {bi} < {idx})) {{ {acc} = {b}; {idx} = {bi}; }}"
+
+
+def reduce_regs(cg, kind: str, dt, xs: list[str], layout: Layout, axis: int, span) -> tuple[list[str], list[str] | None]:
+    """Reduce one value held in `layout` along `axis`; returns the accumulator (and index) registers
+    of the result in slice_layout(layout, axis), identical in every thread that holds them."""
+    m = axis_mask(layout.shape, axis)
+    if not pure(layout, m):
+        raise NkError("internal: reduction over a layout that mixes the axis with other dims", span)
+    t = acc_type(dt)
+    flt = dt.is_float
+    arg = kind in ("argmax", "argmin")
+    keep = [b for b, base in enumerate(layout.reg) if not base & m]
+    groups: dict[int, list[int]] = {}
+    for j in range(layout.nregs):
+        groups.setdefault(sum(((j >> b) & 1) << n for n, b in enumerate(keep)), []).append(j)
+    acc, idx = cg.fresh("acc"), cg.fresh("idx") if arg else None
+    n = len(groups)
+    cg.emit(f"{t} {acc}[{n}];" + (f" int {idx}[{n}];" if arg else ""))
+    stmts = []
+    for i, js in sorted(groups.items()):
+        stmts.append(f"{acc}[{i}] = {cexpr.widen(xs[js[0]], dt)};")
+        if arg:
+            stmts.append(f"{idx}[{i}] = {cg.coord(layout, js[0], axis)};")
+        for j in js[1:]:
+            stmts.append(step(kind, f"{acc}[{i}]", f"{idx}[{i}]" if arg else None, cexpr.widen(xs[j], dt),
+                              cg.coord(layout, j, axis) if arg else None, flt))
+    cg.emit_all(stmts, per_line=2)
+    for k, base in enumerate(layout.lane):
+        if base & m:
+            for i in range(n):
+                o = f"__shfl_xor_sync(0xffffffffu, {acc}[{i}], {1 << k})"
+                oi = f"__shfl_xor_sync(0xffffffffu, {idx}[{i}], {1 << k})" if arg else None
+                cg.emit(f"{{ {t} o = {o};" + (f" int oi = {oi};" if arg else "") + " "
+                        + step(kind, f"{acc}[{i}]", f"{idx}[{i}]" if arg else None, "o", "oi" if arg else None, flt) + " }")
+    wbits = [k for k, base in enumerate(layout.warp) if base & m]
+    if wbits:
+        out = slice_layout(layout, axis)
+        numel = 1
+        for d in out.shape:
+            numel *= d
+        slots = 1 << len(wbits)
+        tsize = 8 if t in ("double", "long long", "unsigned long long") else 4
+        vbytes = slots * numel * tsize
+        cg.need_smem(vbytes + (slots * numel * 4 if arg else 0))
+        wa = " | ".join(f"(((nk_warp >> {k}) & 1) << {n_})" for n_, k in enumerate(wbits))
+        buf, ibuf = f"(({t}*)nk_smem)", f"((int*)(nk_smem + {vbytes}))"
+        cg.emit("__syncthreads();")
+        for i in range(n):
+            f = cg.flat(out, i) if out.shape else "0"
+            cg.emit(f"{buf}[({wa}) * {numel} + {f}] = {acc}[{i}];" + (f" {ibuf}[({wa}) * {numel} + {f}] = {idx}[{i}];" if arg else ""))
+        cg.emit("__syncthreads();")
+        for i in range(n):
+            f = cg.flat(out, i) if out.shape else "0"
+            stmts = [f"{acc}[{i}] = {buf}[{f}];" + (f" {idx}[{i}] = {ibuf}[{f}];" if arg else "")]
+            for s in range(1, slots):
+                stmts.append(step(kind, f"{acc}[{i}]", f"{idx}[{i}]" if arg else None, f"{buf}[{s * numel} + {f}]",
+                                  f"{ibuf}[{s * numel} + {f}]" if arg else None, flt))
+            cg.emit_all(stmts, per_line=2)
+    return [f"{acc}[{i}]" for i in range(n)], ([f"{idx}[{i}]" for i in range(n)] if arg else None)
+
+
+def reduce_op(cg, op: ir.Op) -> None:
+    x, res = op.args[0], op.result
+    layout = cg.plan.of(x)
+    accs, idxs = reduce_regs(cg, op.attrs["kind"], x.type.dtype, cg.regs(x, layout), layout, op.attrs["axis"], op.span)
+    if idxs is not None:
+        cg.define(res, idxs)
+    else:
+        cg.define(res, [cexpr.narrow(a, res.type.dtype) for a in accs])
+
+
+def dot(cg, op: ir.Op) -> None:
+    a, b, acc = op.args
+    l3 = cg.plan.dot_layout(op)
+    xa = cg.regs(a, remap(l3, a.type.shape, lambda c: (c[0], c[1])))
+    xb = cg.regs(b, remap(l3, b.type.shape, lambda c: (c[1], c[2])))
+    dt = a.type.dtype
+    prods = [f"({cexpr.widen(p, dt)} * {cexpr.widen(q, dt)})" for p, q in zip(xa, xb)]
+    sums, _ = reduce_regs(cg, "sum", f32 if dt.is_float and dt.bits < 64 else dt, prods, l3, 1, op.span)
+    res = op.result
+    init = cg.regs(acc, res.layout)
+    out = res.type.dtype
+    cg.define(res, [cexpr.narrow(f"({cexpr.widen(c, out)} + {s})", out) for c, s in zip(init, sums)])

@@ -1,0 +1,76 @@
+"""Diagnostics: a span plus a message, rendered once, like a compiler."""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+# Source text of every file seen by the parser, so that any later stage can quote the line.
+SOURCES: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class Span:
+    file: str
+    line: int  # 1-based
+    col: int  # 1-based
+    end_line: int = 0
+    end_col: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+@dataclass
+class Diagnostic:
+    span: Span | None
+    message: str
+    hint: str = ""
+    severity: str = "error"
+
+    def render(self, color: bool | None = None) -> str:
+        if color is None:
+            color = sys.stderr.isatty() and "NO_COLOR" not in os.environ
+        bold, red, cyan, reset = ("\033[1m", "\033[31m", "\033[36m", "\033[0m") if color else ("",) * 4
+        where = f"{self.span}: " if self.span else ""
+        out = [f"{bold}{where}{red}{self.severity}:{reset}{bold} {self.message}{reset}"]
+        text = SOURCES.get(self.span.file) if self.span else None
+        lines = text.splitlines() if text is not None else []
+        if self.span and 0 < self.span.line <= len(lines):
+            src = lines[self.span.line - 1]
+            width = 1
+            if self.span.end_line == self.span.line and self.span.end_col > self.span.col:
+                width = self.span.end_col - self.span.col
+            out.append(f"  {src}")
+            out.append(f"  {' ' * (self.span.col - 1)}{red}^{'~' * (width - 1)}{reset}")
+        if self.hint:
+            out.append(f"  {cyan}hint:{reset} {self.hint}")
+        return "\n".join(out)
+
+
+class NkError(Exception):
+    """A user-facing error: one or more diagnostics. Never shown with a Python traceback."""
+
+    def __init__(self, message: str, span: Span | None = None, hint: str = ""):
+        self.diagnostics = [Diagnostic(span, message, hint)]
+        super().__init__(self.render(color=False))
+
+    @property
+    def span(self) -> Span | None:
+        return self.diagnostics[0].span
+
+    def render(self, color: bool | None = None) -> str:
+        return "\n".join(d.render(color) for d in self.diagnostics)
+
+
+def install_excepthook() -> None:
+    """Show NkError as a diagnostic with no traceback when it reaches the top of a script."""
+    previous = sys.excepthook
+
+    def hook(kind, exc, tb):
+        if isinstance(exc, NkError):
+            print(exc.render(), file=sys.stderr)
+        else:
+            previous(kind, exc, tb)
+
+    sys.excepthook = hook

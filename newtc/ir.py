@@ -1,0 +1,186 @@
+"""The typed tile IR: SSA values, ops with structured regions, a printer and a verifier.
+
+Every value has a Type (shape, dtype) and, after the layout pass, a Layout. Op kinds:
+
+  const                      attrs value                   scalar constant
+  param                      (kernel parameters are Kernel.params, not ops)
+  program_id, num_programs   attrs axis                    scalar i32 (i64 in 64-bit-index specializations)
+  arange                     attrs start, end              block [end-start] i32
+  splat       (s)                                          scalar -> block of the result shape
+  broadcast   (x)                                          size-1 dims -> result shape (same rank)
+  expand_dims (x)            attrs axis                    insert a size-1 dim
+  reshape     (x)                                          same numel, new shape (row-major)
+  trans       (x)            attrs perm                    permute dims
+  add sub mul div floordiv mod shl shr and or xor minimum maximum   (a, b) same type
+  lt le gt ge eq ne          (a, b) -> bool
+  neg not abs exp exp2 log log2 sqrt rsqrt sin cos tanh sigmoid erf floor ceil   (x)
+  fma         (a, b, c)
+  where       (c, a, b)
+  cast        (x)                                          result dtype is the target
+  bitcast     (x)                                          same width, reinterpreted
+  ptradd      (p, offset)                                  pointer + integer offset (in elements)
+  load        (ptr, mask|None, other|None)
+  store       (ptr, value, mask|None)                      no result
+  atomic      (ptr, val, mask|None) or (ptr, cmp, val, mask|None) for cas   attrs kind: add max min xchg cas
+  reduce      (x)                attrs kind (sum max min argmax argmin), axis, keep_dims
+  dot         (a, b, acc)                                  acc + a @ b
+  for         (lo, hi, step, *init)   region params (iv, *carried); results = final carried values
+  if          (cond)                  regions then, else; each ends in yield; results
+  yield       (*values)
+  print       (*values)          attrs prefix
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import NkError, Span
+from .types import Ptr, Type
+
+_ids = itertools.count()
+
+ELEMENTWISE_BINARY = {"add", "sub", "mul", "div", "floordiv", "mod", "shl", "shr", "and", "or", "xor",
+                      "minimum", "maximum"}
+COMPARISONS = {"lt", "le", "gt", "ge", "eq", "ne"}
+ELEMENTWISE_UNARY = {"neg", "not", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
+                     "sigmoid", "erf", "floor", "ceil"}
+ELEMENTWISE = ELEMENTWISE_BINARY | COMPARISONS | ELEMENTWISE_UNARY | {"fma", "where", "cast", "bitcast", "ptradd"}
+VIEWS = {"splat", "broadcast", "expand_dims", "reshape", "trans"}
+
+
+@dataclass(eq=False)
+class Value:
+    type: Type
+    name: str = ""
+    layout: Any = None  # set by passes.layouts for blocks; None = recomputed in each consumer's layout
+    id: int = field(default_factory=lambda: next(_ids))
+
+    def __repr__(self) -> str:
+        return f"%{self.name or 'v'}{self.id}"
+
+
+@dataclass(eq=False)
+class Region:
+    params: list[Value] = field(default_factory=list)
+    ops: list["Op"] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Op:
+    kind: str
+    args: list[Value | None]
+    results: list[Value] = field(default_factory=list)
+    attrs: dict = field(default_factory=dict)
+    span: Span | None = None
+    regions: list[Region] = field(default_factory=list)
+
+    @property
+    def result(self) -> Value:
+        return self.results[0]
+
+
+@dataclass(eq=False)
+class Kernel:
+    """One specialization of a `.nk` kernel: the unit that passes, codegen and the interpreter take."""
+
+    name: str
+    params: list[Value]  # runtime parameters, in launch order
+    body: Region
+    num_warps: int = 4
+    num_stages: int = 1
+    constexprs: dict = field(default_factory=dict)
+    span: Span | None = None
+    smem_bytes: int = 0  # set by the shared-memory plan
+
+
+def walk(region: Region):
+    """Every op in a region, nested regions included, in program order."""
+    for op in region.ops:
+        yield op
+        for r in op.regions:
+            yield from walk(r)
+
+
+# ---- printer: the `--emit ir` format ---------------------------------------------------------
+def _fmt_attr(v) -> str:
+    return repr(v) if not isinstance(v, float) else repr(v)
+
+
+def _fmt_type(v: Value) -> str:
+    s = str(v.type)
+    if v.layout is not None:
+        s += f" #{v.layout.short()}"
+    return s
+
+
+def print_kernel(k: Kernel) -> str:
+    lines = []
+    params = ", ".join(f"{p!r}: {p.type}" for p in k.params)
+    consts = ", ".join(f"{n}={v!r}" for n, v in k.constexprs.items())
+    lines.append(f"kernel @{k.name}({params}) num_warps={k.num_warps}" + (f" [{consts}]" if consts else "") + " {")
+    _print_region(k.body, lines, 1)
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _print_region(region: Region, lines: list[str], depth: int) -> None:
+    pad = "  " * depth
+    for op in region.ops:
+        res = ", ".join(repr(r) for r in op.results)
+        lhs = f"{res} = " if res else ""
+        args = ", ".join("_" if a is None else repr(a) for a in op.args)
+        attrs = " ".join(f"{k}={_fmt_attr(v)}" for k, v in op.attrs.items())
+        types = ", ".join(_fmt_type(r) for r in op.results)
+        line = f"{pad}{lhs}{op.kind}({args})" + (f" {{{attrs}}}" if attrs else "") + (f" : {types}" if types else "")
+        if op.span:
+            line += f"  # {op.span.line}"
+        lines.append(line)
+        for i, r in enumerate(op.regions):
+            head = ", ".join(f"{p!r}: {p.type}" for p in r.params)
+            lines.append(f"{pad}  ^{['body', 'else'][i] if op.kind != 'if' else ['then', 'else'][i]}({head}):")
+            _print_region(r, lines, depth + 2)
+
+
+# ---- verifier --------------------------------------------------------------------------------
+def verify(k: Kernel) -> None:
+    """Check SSA dominance and the type rules every pass must keep; raises on the first violation."""
+    defined = {id(p) for p in k.params}
+
+    def fail(op: Op, msg: str):
+        raise NkError(f"internal IR error in {op.kind}: {msg}", op.span)
+
+    def region(r: Region, scope: set[int]):
+        scope = set(scope) | {id(p) for p in r.params}
+        for op in r.ops:
+            for a in op.args:
+                if a is not None and id(a) not in scope:
+                    fail(op, f"operand {a!r} used before definition")
+            if op.kind in ELEMENTWISE_BINARY | COMPARISONS and op.args[0].type.shape != op.args[1].type.shape:
+                fail(op, f"shape mismatch {op.args[0].type} vs {op.args[1].type}")
+            if op.kind in ELEMENTWISE_BINARY and op.args[0].type.dtype != op.args[1].type.dtype:
+                fail(op, f"dtype mismatch {op.args[0].type} vs {op.args[1].type}")
+            if op.kind in ("load", "store", "atomic") and not isinstance(op.args[0].type.dtype, Ptr):
+                fail(op, "pointer operand is not a pointer")
+            for sub in op.regions:
+                region(sub, scope)
+                if op.kind in ("for", "if"):
+                    last = sub.ops[-1] if sub.ops else None
+                    if last is None or last.kind != "yield" or len(last.args) != len(op.results):
+                        fail(op, "region must end in a yield of one value per result")
+                    for y, res in zip(last.args, op.results):
+                        if y.type != res.type:
+                            fail(op, f"yield type {y.type} differs from result type {res.type}")
+            for v in op.results:
+                for d in v.type.shape:
+                    if d & (d - 1):
+                        fail(op, f"block dimension {d} is not a power of two")
+                scope.add(id(v))
+
+    region(k.body, defined)
+
+
+def maybe_verify(k: Kernel) -> None:
+    if os.environ.get("NEWT_VERIFY"):
+        verify(k)

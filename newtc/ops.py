@@ -1,0 +1,166 @@
+"""Ops on torch tensors backed by the stdlib `.nk` kernels: allocate outputs, pick the launch.
+
+CPU tensors run through the interpreter, CUDA tensors on the GPU.
+"""
+from __future__ import annotations
+
+import torch
+
+from .errors import NkError
+from .jit import load
+from .paths import data_dir
+
+MAX_ROW_BLOCK = 16384  # longest row kept whole in registers; longer rows loop over blocks
+
+
+_modules: dict = {}
+
+
+def _stdlib(name: str):
+    """The stdlib module, parsed once: ops sit on the launch path, so no file system calls here."""
+    mod = _modules.get(name)
+    if mod is None:
+        mod = _modules[name] = load(data_dir("stdlib") / f"{name}.nk")
+    return mod
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _warps(block: int, itemsize: int = 4) -> int:
+    """Enough warps that each thread holds about 16 elements, 4 to 16."""
+    return max(4, min(16, block // (32 * 16)))
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as [rows, n_cols] with unit column stride; row-strided 2-D views are kept as they are."""
+    if x.dim() == 0:
+        x = x.reshape(1, 1)
+    if x.dim() == 2 and x.stride(1) == 1:
+        return x
+    return x.reshape(-1, x.shape[-1]) if x.stride(-1) == 1 and x.is_contiguous() else x.contiguous().reshape(-1, x.shape[-1])
+
+
+def _float(x: torch.Tensor, what: str) -> None:
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise NkError(f"{what} takes f32, f16 or bf16 tensors, got {x.dtype}")
+
+
+def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    x, y = torch.broadcast_tensors(x, y)
+    x, y = x.contiguous(), y.contiguous()
+    out = torch.empty_like(x)
+    n = x.numel()
+    block = 1024
+    _stdlib("add").add[(max(1, -(-n // block)),)](x, y, out, n, BLOCK=block, num_warps=4)
+    return out
+
+
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """gelu(x + bias) with bias broadcast over the last dimension."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    n = x.numel()
+    block = 1024
+    _stdlib("gelu").bias_gelu[(max(1, -(-n // block)),)](x, bias.contiguous(), out, n, x.shape[-1], BLOCK=block)
+    return out
+
+
+def _softmax(x: torch.Tensor, log: bool) -> torch.Tensor:
+    _float(x, "softmax")
+    shape = x.shape
+    x2 = _rows(x)
+    out = torch.empty_strided(x2.shape, x2.stride(), dtype=x2.dtype, device=x2.device)
+    rows, n = x2.shape
+    mod = _stdlib("softmax")
+    block = _pow2(n)
+    if block <= MAX_ROW_BLOCK:
+        mod.softmax[(rows,)](x2, out, n, x2.stride(0), BLOCK=block, LOG=log, num_warps=_warps(block))
+    else:
+        mod.softmax_looped[(rows,)](x2, out, n, x2.stride(0), BLOCK=4096, LOG=log, num_warps=8)
+    return out.reshape(shape)
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dimension."""
+    return _softmax(x, False)
+
+
+def log_softmax(x: torch.Tensor) -> torch.Tensor:
+    return _softmax(x, True)
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-row loss (reduction='none') from [rows, classes] logits and int64 targets, in f32."""
+    _float(logits, "cross_entropy")
+    x2 = _rows(logits)
+    rows, n = x2.shape
+    loss = torch.empty(rows, dtype=torch.float32, device=x2.device)
+    block = min(_pow2(n), 4096)
+    _stdlib("softmax").cross_entropy[(rows,)](x2, target.contiguous(), loss, n, x2.stride(0), BLOCK=block,
+                                              num_warps=8)
+    return loss
+
+
+def _norm(x, weight, bias, eps: float, rms: bool) -> torch.Tensor:
+    _float(x, "rmsnorm" if rms else "layernorm")
+    shape = x.shape
+    x2 = _rows(x)
+    rows, n = x2.shape
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    w = weight.contiguous()
+    b = bias.contiguous() if bias is not None else w
+    mod = _stdlib("norm")
+    block = _pow2(n)
+    args = (x2, w, b, out, n, x2.stride(0), out.stride(0), float(eps))
+    if block <= MAX_ROW_BLOCK:
+        mod.norm[(rows,)](*args, BLOCK=block, RMS=rms, num_warps=_warps(block))
+    else:
+        mod.norm_looped[(rows,)](*args, BLOCK=4096, RMS=rms, num_warps=8)
+    return out.reshape(shape)
+
+
+def layernorm(x, weight, bias, eps: float = 1e-5) -> torch.Tensor:
+    return _norm(x, weight, bias, eps, False)
+
+
+def rmsnorm(x, weight, eps: float = 1e-6) -> torch.Tensor:
+    return _norm(x, weight, None, eps, True)
+
+
+def _row_reduce(x: torch.Tensor, op: str) -> torch.Tensor:
+    _float(x, op)
+    x2 = _rows(x)
+    rows, n = x2.shape
+    out = torch.empty(rows, dtype=x.dtype, device=x.device)
+    block = min(_pow2(n), 4096)
+    _stdlib("reduce").row_reduce[(rows,)](x2, out, n, x2.stride(0), BLOCK=block, OP=op, num_warps=_warps(block))
+    return out.reshape(x.shape[:-1])
+
+
+def sum(x: torch.Tensor) -> torch.Tensor:  # noqa: A001 - mirrors torch.sum over the last dim
+    """Sum over the last dimension."""
+    return _row_reduce(x, "sum")
+
+
+def mean(x: torch.Tensor) -> torch.Tensor:
+    return _row_reduce(x, "mean")
+
+
+def amax(x: torch.Tensor) -> torch.Tensor:
+    return _row_reduce(x, "amax")
+
+
+def transpose(x: torch.Tensor) -> torch.Tensor:
+    """A contiguous transpose of a 2-D tensor (rows may be strided)."""
+    if x.dim() != 2:
+        raise NkError(f"transpose takes a 2-D tensor, got {x.dim()}-D")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    m, n = x.shape
+    out = torch.empty((n, m), dtype=x.dtype, device=x.device)
+    bm = bn = 32
+    _stdlib("transpose").transpose[(-(-m // bm), -(-n // bn))](x, out, m, n, x.stride(0), out.stride(0),
+                                                               BM=bm, BN=bn, num_warps=4)
+    return out

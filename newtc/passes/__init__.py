@@ -1,0 +1,14 @@
+"""IR -> IR passes, applied in this order to every specialization."""
+from __future__ import annotations
+
+from .. import ir
+from .layouts import assign_layouts
+
+PASSES = [assign_layouts]
+
+
+def run_passes(k: ir.Kernel) -> ir.Kernel:
+    for p in PASSES:
+        k = p(k)
+        ir.maybe_verify(k)
+    return k

@@ -1,0 +1,166 @@
+"""The newtc command, run in-process through main() and once as `python -m newtc`."""
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from newtc.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+ADD = str(ROOT / "stdlib" / "add.nk")
+ADD_SPEC = ["--sig", "x=*f32,y=*f32,out=*f32,n=i32", "-D", "BLOCK=1024"]
+
+BROKEN = """\
+kernel scale(x, n, BLOCK: constexpr):
+    offs = arange(0, BLOCK)
+    store(x + offs, load(x + offs) * undefined_name, mask=offs < n)
+"""
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_emit_ir(capsys):
+    rc, out, err = run(capsys, ADD, *ADD_SPEC, "--emit", "ir")
+    assert rc == 0, err
+    assert out.startswith("kernel @add(")
+    assert "load(" in out and "store(" in out and "[BLOCK=1024]" in out
+
+
+def test_emit_cuda_is_the_default(capsys):
+    rc, out, err = run(capsys, ADD, *ADD_SPEC)
+    assert rc == 0, err
+    assert "__global__" in out and '#line' in out
+
+
+def test_emit_ast(capsys):
+    rc, out, err = run(capsys, ADD, "--emit", "ast")
+    assert rc == 0, err
+    assert "FuncDef(kind='kernel', name='add'" in out and "Assign(" in out
+    assert "span" not in out
+
+
+def test_emit_ptx(capsys):
+    rc, out, err = run(capsys, ADD, *ADD_SPEC, "--emit", "ptx", "--arch", "sm_90a")
+    assert rc == 0, err
+    assert ".target sm_90a" in out and ".entry" in out
+
+
+def test_emit_sass_has_vector_loads(capsys):
+    rc, out, err = run(capsys, ADD, *ADD_SPEC, "--emit", "sass")
+    assert rc == 0, err
+    assert "LDG.E.128" in out
+
+
+def test_cubin_to_file(capsys, tmp_path):
+    path = tmp_path / "add.cubin"
+    rc, out, err = run(capsys, ADD, *ADD_SPEC, "--emit", "cubin", "-o", str(path))
+    assert rc == 0, err
+    assert out == ""
+    assert path.read_bytes().startswith(b"\x7fELF")
+
+
+def test_output_file_for_text(capsys, tmp_path):
+    path = tmp_path / "add.cu"
+    rc, out, err = run(capsys, ADD, *ADD_SPEC, "-o", str(path))
+    assert rc == 0, err
+    assert "__global__" in path.read_text()
+
+
+def test_check_ok(capsys):
+    rc, out, err = run(capsys, "--check", ADD, *ADD_SPEC)
+    assert (rc, out, err) == (0, "", "")
+
+
+def test_check_without_sig_parses_only(capsys):
+    rc, out, err = run(capsys, "--check", ADD)
+    assert rc == 0
+    assert "not checked" in err and "--sig for x, y, out, n" in err and "-D for BLOCK" in err
+
+
+@pytest.mark.parametrize("text, line_col", [
+    (BROKEN, ":3:38:"),  # a check error: the unknown name
+    ("kernel k(x):\n    y = x +\n", ":2:12:"),  # a syntax error
+], ids=["check-error", "syntax-error"])
+def test_check_broken_file(capsys, tmp_path, text, line_col):
+    path = tmp_path / "file.nk"
+    path.write_text(text)
+    rc, out, err = run(capsys, "--check", str(path), "--sig", "x=*f32,n=i32", "-D", "BLOCK=128")
+    assert rc == 1
+    assert f"file.nk{line_col}" in err and "error:" in err
+    assert "Traceback" not in err
+
+
+def test_stdin(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(Path(ADD).read_text()))
+    rc, out, err = run(capsys, "-", *ADD_SPEC, "--emit", "ir")
+    assert rc == 0, err
+    assert out.startswith("kernel @add(")
+
+
+def test_missing_sig_names_the_param(capsys):
+    rc, out, err = run(capsys, ADD, "--sig", "x=*f32,y=*f32,out=*f32", "-D", "BLOCK=1024")
+    assert rc == 1
+    assert "'n'" in err and "--sig n=*f32" in err and "add.nk:2:" in err
+
+
+def test_missing_constexpr(capsys):
+    rc, out, err = run(capsys, ADD, "--sig", "x=*f32,y=*f32,out=*f32,n=i32")
+    assert rc == 1 and "BLOCK" in err and "-D BLOCK=" in err
+
+
+def test_several_kernels_need_k(capsys, tmp_path):
+    path = tmp_path / "two.nk"
+    path.write_text("kernel a(x: *f32):\n    store(x, 1.0)\n\nkernel b(x: *f32):\n    store(x, 2.0)\n")
+    rc, out, err = run(capsys, str(path))
+    assert rc == 1 and "-k" in err and "a, b" in err
+    rc, out, err = run(capsys, str(path), "-k", "b", "--emit", "ir")  # annotations give the types
+    assert rc == 0, err
+    assert out.startswith("kernel @b(")
+    rc, out, err = run(capsys, str(path), "-k", "c")
+    assert rc == 1 and "no kernel named 'c'" in err
+
+
+@pytest.mark.parametrize("argv", [
+    [],
+    [ADD, "--emit", "llvm"],
+    [ADD, "--sig", "x=float"],
+    [ADD, "-D", "BLOCK=abc"],
+    [ADD, "-D", "BLOCK"],
+    [ADD, "--num-warps", "four"],
+])
+def test_bad_usage_exits_2(capsys, argv):
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2
+    assert "usage:" in err
+
+
+def test_help_has_examples(capsys):
+    rc, out, err = run(capsys, "--help")
+    assert rc == 0
+    assert "examples:" in out and "--emit sass" in out
+
+
+def test_missing_file(capsys, tmp_path):
+    rc, out, err = run(capsys, str(tmp_path / "nope.nk"))
+    assert rc == 1 and "cannot read" in err and "Traceback" not in err
+
+
+def test_python_dash_m(tmp_path):
+    env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "newtc", ADD, *ADD_SPEC, "--emit", "ir"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("kernel @add(")
+    broken = tmp_path / "file.nk"
+    broken.write_text(BROKEN)
+    done = subprocess.run([sys.executable, "-m", "newtc", "--check", str(broken), "--sig", "x=*f32,n=i32",
+                           "-D", "BLOCK=128"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert done.returncode == 1
+    assert "file.nk:3:" in done.stderr and "\033[" not in done.stderr and "Traceback" not in done.stderr
