@@ -481,6 +481,8 @@ class Checker:
         for v in (a, b):
             if not isinstance(v, (ir.Value, bool, int, float)):
                 raise NkError(f"'{name}' is a compile-time {describe(v)} on one path and differs on another", span)
+        if ta is None and tb is None:  # two different literals: one runtime value of their common dtype
+            return Type((), promote(literal_dtype(a), literal_dtype(b)))
         if ta is None or tb is None:
             t = ta or tb
             lit = a if ta is None else b

@@ -9,10 +9,13 @@ through the driver on the tensors' device and torch's current stream.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import hashlib
 import json
 import os
+import pickle
 import sys
 import threading
 from dataclasses import dataclass
@@ -23,7 +26,7 @@ from torch import Tensor
 
 from . import ast as A
 from . import cache, check, codegen, driver, interpret, ir, nvrtc, passes, syntax
-from .errors import NkError
+from .errors import SOURCES, NkError
 from .types import DTYPES, Ptr, bool_, f32, i32, i64, torch_dtype_name
 
 _SRC = Path(__file__).resolve().parent
@@ -32,6 +35,19 @@ VERSION = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_SRC.rglob("*.p
 _disk = None
 _tls = threading.local()
 INTERPRET = bool(os.environ.get("NEWT_INTERPRET"))  # read once: the launch path stays free of lookups
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Compiling allocates many small objects; with torch loaded a full GC pass costs ~90 ms, so a first
+    call would pay for several. Collection waits until the compile is done."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def disk_cache() -> cache.DiskCache:
@@ -117,7 +133,9 @@ class Launcher:
         if binary.smem_bytes > 48 * 1024:
             driver.set_max_dynamic_smem(self.func, binary.smem_bytes)
         self.block = (binary.threads, 1, 1)
+        self.threads = binary.threads
         self.smem = binary.smem_bytes
+        self.cu_launch = driver._cuda().cuLaunchKernel  # called directly: the launch path has no layers
         self.slots = [ctypes.c_void_p() if isinstance(t, Ptr) else CTYPE[t.name]() for t in binary.param_types]
         self.ptr = [isinstance(t, Ptr) for t in binary.param_types]
         self.params = (ctypes.c_void_p * len(self.slots))(*[ctypes.addressof(s) for s in self.slots])
@@ -125,7 +143,9 @@ class Launcher:
     def __call__(self, grid, args, stream: int) -> None:
         for slot, is_ptr, a in zip(self.slots, self.ptr, args):
             slot.value = a.data_ptr() if is_ptr else a
-        driver.launch(self.func, grid, self.block, self.smem, stream, self.params)
+        rc = self.cu_launch(self.func, *grid, self.threads, 1, 1, self.smem, stream, self.params, None)
+        if rc:
+            raise driver.CudaError("cuLaunchKernel", rc)
 
 
 class Kernel:
@@ -239,7 +259,7 @@ class Kernel:
         launcher(grid, args, _stream(device))
 
     def new_launcher(self, args, meta, device: int, key) -> Launcher:
-        with self.lock:
+        with self.lock, gc_paused():
             if key not in self.launchers:
                 driver.set_device(device)
                 _tls.device = device
@@ -269,13 +289,30 @@ def default_arch() -> str:
         return "sm_90a"
 
 
+def parsed(text: str, filename: str) -> A.Module:
+    """Parse, or take the AST from the disk cache: a warm process never builds the grammar's tables."""
+    key = cache.key(VERSION, "ast", filename, text)
+    with gc_paused():
+        data = disk_cache().get(key)
+        if data is not None:
+            try:
+                module = pickle.loads(data)
+                SOURCES[filename] = text
+                return module
+            except (pickle.UnpicklingError, AttributeError, EOFError, TypeError):
+                pass  # written by another compiler version: parse again
+        module = syntax.parse(text, filename)
+        disk_cache().put(key, pickle.dumps(module))
+    return module
+
+
 class Module:
     """A parsed `.nk` file; its kernels are attributes."""
 
     def __init__(self, text: str, filename: str):
         self.text = text
         self.filename = filename
-        self.ast = syntax.parse(text, filename)
+        self.ast = parsed(text, filename)
         self.kernels = {d.name: Kernel(self, d) for d in self.ast.defs if d.kind == "kernel"}
 
     def __getattr__(self, name: str) -> Kernel:

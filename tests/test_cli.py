@@ -164,3 +164,11 @@ def test_python_dash_m(tmp_path):
                            "-D", "BLOCK=128"], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert done.returncode == 1
     assert "file.nk:3:" in done.stderr and "\033[" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_cubin_to_stdout_when_redirected(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "newtc", ADD, *ADD_SPEC, "--emit", "cubin"],
+                          capture_output=True, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(b"\x7fELF")
