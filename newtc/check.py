@@ -657,7 +657,7 @@ def describe(v) -> str:
 
 
 def check(module: A.Module, name: str, sig: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 1,
-          idx64: bool = False) -> ir.Kernel:
+          idx64: bool = False, aligned: frozenset = frozenset()) -> ir.Kernel:
     """Type one kernel of a module for one specialization.
 
     sig maps each runtime parameter to its DType/Ptr; constexprs maps constexpr parameters to values.
@@ -696,7 +696,7 @@ def check(module: A.Module, name: str, sig: dict, constexprs: dict, num_warps: i
         c.block(d.body)
     except _Return:
         raise NkError("a kernel cannot return a value; store results through pointers", d.span) from None
-    k = ir.Kernel(name, params, c.region, num_warps, num_stages, dict(constexprs), d.span)
+    k = ir.Kernel(name, params, c.region, num_warps, num_stages, dict(constexprs), d.span, frozenset(aligned))
     ir.maybe_verify(k)
     return k
 

@@ -55,6 +55,7 @@ class Value:
     type: Type
     name: str = ""
     layout: Any = None  # set by passes.layouts for blocks; None = recomputed in each consumer's layout
+    facts: Any = None  # set by passes.axisinfo: what is known about its values (contiguity, divisibility)
     id: int = field(default_factory=lambda: next(_ids))
 
     def __repr__(self) -> str:
@@ -92,7 +93,7 @@ class Kernel:
     num_stages: int = 1
     constexprs: dict = field(default_factory=dict)
     span: Span | None = None
-    smem_bytes: int = 0  # set by the shared-memory plan
+    aligned: frozenset = frozenset()  # parameters specialized as multiples of 16 (ints) or 16-byte aligned (pointers)
 
 
 def walk(region: Region):

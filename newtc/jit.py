@@ -59,8 +59,8 @@ def disk_cache() -> cache.DiskCache:
 
 # ---- the pipeline, stage by stage --------------------------------------------------------------
 def typed_ir(module: A.Module, name: str, sig: dict, constexprs: dict, num_warps: int, num_stages: int,
-             idx64: bool) -> ir.Kernel:
-    k = check.check(module, name, sig, constexprs, num_warps, num_stages, idx64)  # check
+             idx64: bool, aligned: frozenset = frozenset()) -> ir.Kernel:
+    k = check.check(module, name, sig, constexprs, num_warps, num_stages, idx64, aligned)  # check
     return passes.run_passes(k)  # passes
 
 
@@ -111,6 +111,12 @@ def arg_type(a, big: bool):
     if isinstance(a, float):
         return f32
     raise NkError(f"cannot pass {type(a).__name__} to a kernel", hint="pass tensors, ints, floats or bools")
+
+
+def aligned_params(params, args) -> frozenset:
+    """Parameters whose value is a multiple of 16 (ints) or 16-byte aligned (tensors), as Triton specializes."""
+    return frozenset(p.name for p, a in zip(params, args)
+                     if (isinstance(a, Tensor) and a.data_ptr() % 16 == 0) or (type(a) is int and a % 16 == 0))
 
 
 def needs_idx64(args) -> bool:
@@ -186,11 +192,11 @@ class Kernel:
         meta, num_warps, num_stages = self.split_meta(args, meta)
         idx64 = needs_idx64(args)
         sig = {p.name: arg_type(a, idx64) for p, a in zip(self.runtime, args)}
-        return sig, meta, num_warps, num_stages, idx64
+        return sig, meta, num_warps, num_stages, idx64, aligned_params(self.runtime, args)
 
     def typed(self, args, meta) -> ir.Kernel:
-        sig, consts, nw, ns, idx64 = self.specialize(args, meta)
-        return typed_ir(self.module.ast, self.name, sig, consts, nw, ns, idx64)
+        sig, consts, nw, ns, idx64, aligned = self.specialize(args, meta)
+        return typed_ir(self.module.ast, self.name, sig, consts, nw, ns, idx64, aligned)
 
     # ---- the stages, for inspection -----------------------------------------------------------
     def ir(self, *args, **meta) -> str:
@@ -210,16 +216,17 @@ class Kernel:
         return nvrtc.disassemble(self.compiled(args, meta, arch).cubin)
 
     def binary(self, args, meta, arch: str) -> Binary:
-        sig, consts, nw, ns, idx64 = self.specialize(args, meta)
+        sig, consts, nw, ns, idx64, aligned = self.specialize(args, meta)
         key = cache.key(VERSION, self.module.text, self.name, repr(sorted((k, v.name) for k, v in sig.items())),
-                        repr(sorted(consts.items())), str(nw), str(ns), str(idx64), arch, repr(nvrtc.version()))
+                        repr(sorted(consts.items())), str(nw), str(ns), str(idx64), repr(sorted(aligned)), arch,
+                        repr(nvrtc.version()))
         data = disk_cache().get(key)
         if data is not None:
             try:
                 return Binary.unpack(data)
             except (ValueError, KeyError, IndexError):
                 pass  # an entry from an incompatible writer: rebuild it
-        k = typed_ir(self.module.ast, self.name, sig, consts, nw, ns, idx64)
+        k = typed_ir(self.module.ast, self.name, sig, consts, nw, ns, idx64, aligned)
         gen = cuda_source(k, self.module.filename)
         out = nvrtc.compile(gen.source, gen.name, arch)  # nvrtc
         b = Binary(gen.name, out.cubin, gen.threads, gen.smem_bytes, [p.type.dtype for p in k.params])
@@ -239,9 +246,11 @@ class Kernel:
                     raise NkError(f"kernel '{self.name}': tensors on different devices in one launch",
                                   self.defn.span, "move every tensor to the same device (a CPU launch runs "
                                   "in the interpreter)")
-                key.append((a.dtype, a.nbytes >= 2**31))
+                key.append((a.dtype, a.nbytes >= 2**31, a.data_ptr() & 15 == 0))
+            elif type(a) is int:
+                key.append(("i32" if -2**31 <= a < 2**31 else "i64", a & 15 == 0))
             else:
-                key.append(type(a) if type(a) is not int or -2**31 <= a < 2**31 else "big")
+                key.append(type(a))
         if device is None or device < 0 or INTERPRET:
             return self.interpret(grid, args, meta)
         key.append(device)

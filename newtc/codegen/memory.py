@@ -9,6 +9,7 @@ from __future__ import annotations
 from .. import ir
 from ..errors import NkError
 from ..layout import Layout
+from ..passes.axisinfo import facts
 from . import cexpr
 
 
@@ -19,6 +20,13 @@ def group_size(layout: Layout, itemsize: int) -> int:
             and 2 * g * itemsize <= 16:
         g *= 2
     return g
+
+
+def proven(ptr: ir.Value, mask: ir.Value | None, layout: Layout, g: int, nbytes: int) -> bool:
+    """The analysis shows every group contiguous, aligned and uniformly masked: no run-time check."""
+    f = facts(ptr)
+    return (layout.disjoint and ptr.type.shape[-1] >= g and f.contig >= g and f.div % nbytes == 0
+            and (mask is None or facts(mask).const >= g))
 
 
 def vector_condition(ptrs: list[str], masks: list[str] | None, nbytes: int) -> str:
@@ -65,6 +73,7 @@ def load_or_atomic(cg, op: ir.Op) -> None:
     masks = cg.regs(op.args[1], layout) if op.args[1] is not None else None
     others = cg.regs(op.args[2], layout) if op.args[2] is not None else [f"{t}{{}}"] * n
     g = group_size(layout, res.type.dtype.itemsize)
+    static = proven(op.args[0], op.args[1], layout, g, g * res.type.dtype.itemsize)
     for base in range(0, n, g):
         p, m = ptrs[base:base + g], masks[base:base + g] if masks else None
         scalar = [f"{name}[{base + j}] = {m[j]} ? *{p[j]} : {others[base + j]};" if m else
@@ -74,7 +83,11 @@ def load_or_atomic(cg, op: ir.Op) -> None:
             continue
         vector = [f"nk_pack<{t}, {g}> u; u.w = *(const decltype(u.w)*)({p[0]});"]
         vector += [f"{name}[{base + j}] = u.e[{j}];" for j in range(g)]
-        cg.emit(branch(vector_condition(p, m, g * res.type.dtype.itemsize), vector, scalar))
+        if static:
+            fill = [f"{name}[{base + j}] = {others[base + j]};" for j in range(g)]
+            cg.emit(branch(m[0], vector, fill) if m else " ".join(["{"] + vector + ["}"]))
+        else:
+            cg.emit(branch(vector_condition(p, m, g * res.type.dtype.itemsize), vector, scalar))
 
 
 def scalar_load(cg, op: ir.Op) -> str:
@@ -96,6 +109,7 @@ def store(cg, op: ir.Op) -> None:
     masks = cg.regs(mask, layout) if mask is not None else None
     t = cexpr.ctype(val.type.dtype)
     g = group_size(layout, val.type.dtype.itemsize)
+    static = proven(ptr, mask, layout, g, g * val.type.dtype.itemsize)
     owner = cg.owner(layout)
     if owner:
         cg.emit(f"if ({owner}) {{")
@@ -107,7 +121,10 @@ def store(cg, op: ir.Op) -> None:
             continue
         vector = [f"nk_pack<{t}, {g}> u;"] + [f"u.e[{j}] = {vals[base + j]};" for j in range(g)]
         vector += [f"*(decltype(u.w)*)({p[0]}) = u.w;"]
-        cg.emit(branch(vector_condition(p, m, g * val.type.dtype.itemsize), vector, scalar))
+        if static:
+            cg.emit(f"if ({m[0]}) {{ {' '.join(vector)} }}" if m else " ".join(["{"] + vector + ["}"]))
+        else:
+            cg.emit(branch(vector_condition(p, m, g * val.type.dtype.itemsize), vector, scalar))
     if owner:
         cg.emit("}")
 

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from .. import ir
+from .axisinfo import analyze_axes
 from .layouts import assign_layouts
 
-PASSES = [assign_layouts]
+PASSES = [analyze_axes, assign_layouts]
 
 
 def run_passes(k: ir.Kernel) -> ir.Kernel:
