@@ -25,10 +25,11 @@ def softmax_kernel(out_ptr, in_ptr, in_stride, out_stride, n_cols, BLOCK_SIZE: t
     tl.store(out_ptr + row * out_stride + cols, num / tl.sum(num, axis=0), mask=mask)
 
 
-def softmax(x):
+def softmax(x, num_warps=None):
     rows, cols = x.shape
     block = triton.next_power_of_2(cols)
-    num_warps = 16 if block >= 4096 else 8 if block >= 2048 else 4  # the tutorial's rule: wider rows, more warps
+    if num_warps is None:
+        num_warps = 16 if block >= 4096 else 8 if block >= 2048 else 4  # the tutorial's rule: wider rows, more warps
     out = torch.empty_like(x)
     softmax_kernel[(rows,)](out, x, x.stride(0), out.stride(0), cols, BLOCK_SIZE=block, num_warps=num_warps)
     return out
@@ -85,16 +86,18 @@ def _row_config(x):
     return block, min(max(block // 256, 1), 8)
 
 
-def layernorm(x, weight, bias, eps=1e-5):
-    block, num_warps = _row_config(x)
+def layernorm(x, weight, bias, eps=1e-5, num_warps=None):
+    block, warps = _row_config(x)
+    num_warps = num_warps or warps
     y = torch.empty_like(x)
     layernorm_kernel[(x.shape[0],)](x, y, weight, bias, x.stride(0), x.shape[1], eps,
                                     BLOCK_SIZE=block, num_warps=num_warps)
     return y
 
 
-def rmsnorm(x, weight, eps=1e-6):
-    block, num_warps = _row_config(x)
+def rmsnorm(x, weight, eps=1e-6, num_warps=None):
+    block, warps = _row_config(x)
+    num_warps = num_warps or warps
     y = torch.empty_like(x)
     rmsnorm_kernel[(x.shape[0],)](x, y, weight, x.stride(0), x.shape[1], eps, BLOCK_SIZE=block, num_warps=num_warps)
     return y
@@ -116,9 +119,9 @@ def cross_entropy_kernel(logits_ptr, target_ptr, loss_ptr, stride, n_cols, BLOCK
     tl.store(loss_ptr + row, m + tl.log(s) - tl.load(base + target).to(tl.float32))
 
 
-def cross_entropy(logits, target):
+def cross_entropy(logits, target, num_warps=8, block=4096):
     """Per-row losses in float32."""
     loss = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
     cross_entropy_kernel[(logits.shape[0],)](logits, target, loss, logits.stride(0), logits.shape[1],
-                                             BLOCK_SIZE=4096, num_warps=8)
+                                             BLOCK_SIZE=block, num_warps=num_warps)
     return loss

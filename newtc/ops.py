@@ -28,9 +28,9 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _warps(block: int, itemsize: int = 4) -> int:
-    """Enough warps that each thread holds about 16 elements, 4 to 16."""
-    return max(4, min(16, block // (32 * 16)))
+def _warps(block: int) -> int:
+    """Warps for one row of `block` elements: 4 up to 4096, then one per 1024 (measured on an H200)."""
+    return max(4, min(16, block // 1024))
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
