@@ -141,15 +141,22 @@ class Launcher:
         self.block = (binary.threads, 1, 1)
         self.threads = binary.threads
         self.smem = binary.smem_bytes
-        self.cu_launch = driver._cuda().cuLaunchKernel  # called directly: the launch path has no layers
         self.slots = [ctypes.c_void_p() if isinstance(t, Ptr) else CTYPE[t.name]() for t in binary.param_types]
-        self.ptr = [isinstance(t, Ptr) for t in binary.param_types]
         self.params = (ctypes.c_void_p * len(self.slots))(*[ctypes.addressof(s) for s in self.slots])
+        self.cu_launch = driver.fast_launch_function()
+        self.cu_func = ctypes.c_void_p(self.func)
+        self.stream, self.cu_stream = None, None
 
-    def __call__(self, grid, args, stream: int) -> None:
-        for slot, is_ptr, a in zip(self.slots, self.ptr, args):
-            slot.value = a.data_ptr() if is_ptr else a
-        rc = self.cu_launch(self.func, *grid, self.threads, 1, 1, self.smem, stream, self.params, None)
+    def __call__(self, grid, values, stream: int) -> None:
+        for slot, v in zip(self.slots, values):
+            slot.value = v
+        if stream != self.stream:
+            self.stream, self.cu_stream = stream, ctypes.c_void_p(stream)
+        try:
+            rc = self.cu_launch(self.cu_func, *grid, self.threads, 1, 1, self.smem, self.cu_stream, self.params, None)
+        except ctypes.ArgumentError:  # a grid of numpy or torch integers: only plain ints pass unconverted
+            rc = self.cu_launch(self.cu_func, *map(int, grid), self.threads, 1, 1, self.smem, self.cu_stream,
+                                self.params, None)
         if rc:
             raise driver.CudaError("cuLaunchKernel", rc)
 
@@ -236,7 +243,7 @@ class Kernel:
     # ---- launching ---------------------------------------------------------------------------
     def run(self, grid, args, meta) -> None:
         # The hot path: one pass over the arguments builds the key; everything else is cached.
-        key, device = [tuple(meta.items())], None
+        key, values, device = [tuple(meta.items())], [], None
         for a in args:
             if isinstance(a, Tensor):
                 d = a.get_device()  # -1 on the CPU
@@ -246,11 +253,12 @@ class Kernel:
                     raise NkError(f"kernel '{self.name}': tensors on different devices in one launch",
                                   self.defn.span, "move every tensor to the same device (a CPU launch runs "
                                   "in the interpreter)")
-                key.append((a.dtype, a.nbytes >= 2**31, a.data_ptr() & 15 == 0))
-            elif type(a) is int:
-                key.append(("i32" if -2**31 <= a < 2**31 else "i64", a & 15 == 0))
+                p = a.data_ptr()
+                key.append((a.dtype, a.nbytes >= 2**31, p & 15 == 0))
+                values.append(p)
             else:
-                key.append(type(a))
+                key.append((type(a), -2**31 <= a < 2**31, a & 15 == 0) if type(a) is int else type(a))
+                values.append(a)
         if device is None or device < 0 or INTERPRET:
             return self.interpret(grid, args, meta)
         key.append(device)
@@ -261,11 +269,11 @@ class Kernel:
         if callable(grid):
             grid = grid(meta)
         if len(grid) != 3:
-            grid = tuple(grid) + (1,) * (3 - len(grid))
+            grid = (*grid, 1, 1)[:3]
         if _tls.__dict__.get("device") != device:
             driver.set_device(device)
             _tls.device = device
-        launcher(grid, args, _stream(device))
+        launcher(grid, values, _stream(device))
 
     def new_launcher(self, args, meta, device: int, key) -> Launcher:
         with self.lock, gc_paused():

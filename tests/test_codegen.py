@@ -1,0 +1,418 @@
+"""CUDA generation, NVRTC and SASS for every stdlib kernel (no GPU needed: NVRTC and cuobjdump run anywhere).
+
+Each stdlib kernel has representative specializations (the dtypes and constexprs newtc/ops.py launches
+with), each compiled for sm_80 and sm_90a and checked in its SASS: no local memory, and the instructions
+that make it fast (128-bit loads, warp shuffles, shared memory).
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import newtc
+from newtc import jit, nvrtc, ops, syntax
+from newtc.types import Ptr, bf16, f16, f32, f64, i32, i64
+
+STDLIB = Path(__file__).resolve().parents[1] / "stdlib"
+ARCHS = ["sm_80", "sm_90a"]
+
+
+def ptrs(dt, *names):
+    return {n: Ptr(dt) for n in names}
+
+
+@dataclass(frozen=True)
+class Spec:
+    file: str  # stem of stdlib/<file>.nk
+    kernel: str
+    label: str
+    sig: tuple  # ((name, DType/Ptr), ...): hashable, for the compile cache
+    consts: tuple
+    num_warps: int
+    expect: frozenset = field(default_factory=frozenset)  # SASS opcodes (prefixes) that must appear
+    aligned: frozenset = frozenset()  # parameters specialized as 16-byte aligned / multiples of 16
+
+    @property
+    def id(self) -> str:
+        return f"{self.file}.{self.kernel}-{self.label}"
+
+
+def spec(file, kernel, label, sig, consts, num_warps, *expect, aligned=None):
+    """`aligned` defaults to the pointers: what a launch with freshly allocated torch tensors specializes on
+    (sizes such as 1000 are not multiples of 16)."""
+    if aligned is None:
+        aligned = [n for n, t in sig.items() if isinstance(t, Ptr)]
+    return Spec(file, kernel, label, tuple(sig.items()), tuple(consts.items()), num_warps, frozenset(expect),
+                frozenset(aligned))
+
+
+def add_sig(dt):
+    return {**ptrs(dt, "x", "y", "out"), "n": i32}
+
+
+def rows_sig(dt):
+    return {**ptrs(dt, "x", "out"), "n_cols": i32, "stride": i32}
+
+
+def norm_sig(dt):
+    return {**ptrs(dt, "x", "w", "b", "out"), "n_cols": i32, "stride": i32, "out_stride": i32, "eps": f32}
+
+
+def ce_sig(dt):
+    return {"logits": Ptr(dt), "target": Ptr(i64), "loss": Ptr(f32), "n_cols": i32, "stride": i32}
+
+
+def gelu_sig(dt):
+    return {**ptrs(dt, "x", "bias", "out"), "n": i32, "n_cols": i32}
+
+
+def transpose_sig(dt):
+    return {**ptrs(dt, "x", "out"), "M": i32, "N": i32, "x_stride": i32, "out_stride": i32}
+
+
+VEC = ("LDG.E.128", "STG.E.128")
+RED = ("SHFL.BFLY",)
+SMEM = ("STS", "LDS", "BAR.SYNC")
+
+# One row per specialization, with the BLOCK and num_warps newtc/ops.py picks for the row length in the
+# comment (BLOCK: next power of two, capped; num_warps: ops._warps(BLOCK) or the wrapper's constant).
+W = ops._warps
+SPECS = [
+    spec("add", "add", "f32", add_sig(f32), {"BLOCK": 1024}, 4, *VEC),
+    spec("add", "add", "f16", add_sig(f16), {"BLOCK": 1024}, 4, *VEC),
+    spec("add", "add", "f32-all-aligned", add_sig(f32), {"BLOCK": 1024}, 4, *VEC, aligned=add_sig(f32)),
+    # rows of 1000 and of 4096 columns
+    spec("softmax", "softmax", "f32", rows_sig(f32), {"BLOCK": 1024, "LOG": False}, W(1024), *RED, *VEC),
+    spec("softmax", "softmax", "bf16-log", rows_sig(bf16), {"BLOCK": 4096, "LOG": True}, W(4096), *RED, *VEC),
+    # rows longer than ops.MAX_ROW_BLOCK
+    spec("softmax", "softmax_looped", "f32", rows_sig(f32), {"BLOCK": 4096, "LOG": False}, 8, *RED, "LDG.E.128"),
+    spec("softmax", "softmax_looped", "f16-log", rows_sig(f16), {"BLOCK": 4096, "LOG": True}, 8, *RED, "LDG.E.128"),
+    spec("softmax", "cross_entropy", "f32", ce_sig(f32), {"BLOCK": 1024}, 8, *RED, "LDG.E.128"),
+    spec("softmax", "cross_entropy", "f16", ce_sig(f16), {"BLOCK": 4096}, 8, *RED, "LDG.E.128"),
+    spec("norm", "norm", "f32", norm_sig(f32), {"BLOCK": 1024, "RMS": False}, W(1024), *RED, *VEC),
+    spec("norm", "norm", "f16-rms", norm_sig(f16), {"BLOCK": 4096, "RMS": True}, W(4096), *RED, *VEC),
+    spec("norm", "norm", "f16-16384", norm_sig(f16), {"BLOCK": 16384, "RMS": False}, W(16384), *RED, *VEC),
+    spec("norm", "norm_looped", "f32-rms", norm_sig(f32), {"BLOCK": 4096, "RMS": True}, 8, *RED, "LDG.E.128"),
+    spec("norm", "norm_looped", "bf16", norm_sig(bf16), {"BLOCK": 4096, "RMS": False}, 8, *RED, "LDG.E.128"),
+    spec("reduce", "row_reduce", "f32-sum", rows_sig(f32), {"BLOCK": 1024, "OP": "sum"}, W(1024), *RED, "LDG.E.128"),
+    spec("reduce", "row_reduce", "f16-amax", rows_sig(f16), {"BLOCK": 4096, "OP": "amax"}, W(4096), *RED,
+         "LDG.E.128"),
+    spec("reduce", "row_reduce", "bf16-mean", rows_sig(bf16), {"BLOCK": 1024, "OP": "mean"}, W(1024), *RED),
+    spec("gelu", "bias_gelu", "f32", gelu_sig(f32), {"BLOCK": 1024}, 4, *VEC),
+    spec("gelu", "bias_gelu", "f16", gelu_sig(f16), {"BLOCK": 1024}, 4, *VEC),
+    spec("transpose", "transpose", "f32", transpose_sig(f32), {"BM": 32, "BN": 32}, 4, *SMEM, "LDG.E.128"),
+    spec("transpose", "transpose", "f16", transpose_sig(f16), {"BM": 32, "BN": 32}, 4, *SMEM),
+]
+
+
+# ---- compiling, cached per process -------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def stdlib_module(stem: str):
+    path = STDLIB / f"{stem}.nk"
+    return syntax.parse(path.read_text(), str(path)), str(path)
+
+
+@functools.lru_cache(maxsize=None)
+def generated(s: Spec):
+    module, path = stdlib_module(s.file)
+    k = jit.typed_ir(module, s.kernel, dict(s.sig), dict(s.consts), s.num_warps, 1, False, s.aligned)
+    return jit.cuda_source(k, path)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(s: Spec, arch: str):
+    gen = generated(s)
+    out = nvrtc.compile(gen.source, gen.name, arch)
+    return out, nvrtc.disassemble(out.cubin)
+
+
+_OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")
+
+
+def opcodes(sass: str) -> set[str]:
+    return set(_OPCODE.findall(sass))
+
+
+def has(ops: set[str], prefix: str) -> bool:
+    """An opcode equal to `prefix` or extending it with modifiers (LDS matches LDS.128, not LDSM)."""
+    return any(op == prefix or op.startswith(prefix + ".") for op in ops)
+
+
+def stdlib_kernels() -> set[tuple[str, str]]:
+    out = set()
+    for path in sorted(STDLIB.glob("*.nk")):
+        module = syntax.parse(path.read_text(), str(path))
+        out |= {(path.stem, d.name) for d in module.defs if d.kind == "kernel"}
+    return out
+
+
+# ---- every stdlib kernel, both archs ------------------------------------------------------------
+def test_every_stdlib_kernel_has_a_specialization():
+    kernels = stdlib_kernels()
+    assert len(kernels) >= 9
+    covered = {(s.file, s.kernel) for s in SPECS}
+    missing = sorted(kernels - covered)
+    assert not missing, f"stdlib kernels with no entry in test_codegen.SPECS: {missing}"
+    assert not covered - kernels, f"SPECS names kernels that no longer exist: {sorted(covered - kernels)}"
+    assert len({s.id for s in SPECS}) == len(SPECS)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("s", SPECS, ids=lambda s: s.id)
+def test_stdlib_sass(s, arch):
+    out, sass = compiled(s, arch)
+    assert out.cubin.startswith(b"\x7fELF")
+    gen = generated(s)
+    assert f"Function : {gen.name}" in sass
+    ops = opcodes(sass)
+    assert ops, "no instructions parsed from the SASS"
+    assert not has(ops, "LDL") and not has(ops, "STL"), f"local memory (spills) in {s.id} for {arch}"
+    missing = sorted(p for p in s.expect if not has(ops, p))
+    assert not missing, f"{s.id} on {arch} lacks {missing}; has {sorted(ops)}"
+
+
+def by_id(ident: str) -> Spec:
+    return next(s for s in SPECS if s.id == ident)
+
+
+def test_add_sm90a_is_vectorized():
+    ops = opcodes(compiled(by_id("add.add-f32"), "sm_90a")[1])
+    assert has(ops, "LDG.E.128") and has(ops, "STG.E.128")
+
+
+def test_softmax_f32_1024_sm90a():
+    s = by_id("softmax.softmax-f32")
+    assert dict(s.consts)["BLOCK"] == 1024 and dict(s.sig)["x"] == Ptr(f32)
+    ops = opcodes(compiled(s, "sm_90a")[1])
+    assert has(ops, "SHFL.BFLY") and has(ops, "LDG.E.128")
+    assert not has(ops, "LDL") and not has(ops, "STL")
+
+
+@pytest.mark.xfail(reason="transpose's store of trans(tile) never becomes STG.E.128, even with every argument "
+                          "16-aligned: the static proof does not cover it and NVRTC merges the run-time-checked "
+                          "vector branch with the scalar one (four STG.E per group)", strict=True)
+def test_transpose_store_is_vectorized():
+    s = spec("transpose", "transpose", "f32-all-aligned", transpose_sig(f32), {"BM": 32, "BN": 32}, 4,
+             aligned=transpose_sig(f32))
+    ops_ = opcodes(compiled(s, "sm_90a")[1])
+    assert has(ops_, "STG.E.128"), sorted(ops_)
+
+
+def test_generated_kernel_shape():
+    gen = generated(by_id("softmax.softmax-f32"))
+    assert gen.threads == 128
+    assert 'extern "C" __global__ void __launch_bounds__(128) nk_softmax(' in gen.source
+    assert "__shfl_xor_sync" in gen.source
+
+
+# ---- #line directives ---------------------------------------------------------------------------
+_LINE = re.compile(r'^#line (\d+) "(.*)"$')
+
+
+def nk_lines(source: str) -> list[tuple[str | None, int | None, str]]:
+    """(file, .nk line, text) for every code line of generated CUDA, as #line directives assign them."""
+    out, file, line = [], None, None
+    for text in source.splitlines():
+        m = _LINE.match(text)
+        if m:
+            line, file = int(m[1]), m[2]
+            continue
+        out.append((file, line, text))
+        if line is not None:
+            line += 1
+    return out
+
+
+def lines_of(source: str, needle: str) -> set[int]:
+    return {line for _, line, text in nk_lines(source) if needle in text}
+
+
+def test_line_directives_point_at_the_nk_source():
+    s = by_id("add.add-f32")
+    src = generated(s).source
+    path = stdlib_module("add")[1]
+    directives = [_LINE.match(t) for t in src.splitlines() if t.startswith("#line")]
+    assert directives and all(m for m in directives)
+    assert {m[2] for m in directives} == {path}
+    assert {int(m[1]) for m in directives} <= {3, 4, 5}  # the lines of add.nk that hold code
+    assert lines_of(src, "blockIdx.x") == {3}  # program_id(0)
+    assert lines_of(src, "u.w = *(const decltype(u.w)*)") == {5}  # the vector loads
+    assert lines_of(src, "*(decltype(u.w)*)") - lines_of(src, "u.w = *") == {5}  # the vector store
+    # the prelude and the kernel's own prologue come before any directive
+    first = next(i for i, t in enumerate(src.splitlines()) if t.startswith("#line"))
+    assert "__global__" in "\n".join(src.splitlines()[:first])
+
+
+def test_line_directives_in_softmax():
+    src = generated(by_id("softmax.softmax-f32")).source
+    assert lines_of(src, "nk_exp(") == {10}  # num = exp(v)
+    assert lines_of(src, "__shfl_xor_sync") == {9, 14}  # max(v) and sum(num)
+    assert lines_of(src, "nk_div(") == {14}
+    log = generated(by_id("softmax.softmax-bf16-log")).source
+    assert lines_of(log, "nk_log(") == {12}
+
+
+def test_nvrtc_error_names_the_nk_line():
+    src = 'extern "C" __global__ void k(float* x) {\n#line 3 "k.nk"\n  x[0] = undefined_name;\n}\n'
+    with pytest.raises(nvrtc.NvrtcError) as info:
+        nvrtc.compile(src, "k.cu", "sm_90a")
+    assert "k.nk(3)" in str(info.value)
+    assert ("k.nk", 3) in [(e.file, e.line) for e in info.value.entries]
+
+
+# ---- f16 / bf16 through the prelude -------------------------------------------------------------
+def test_prelude_needs_no_headers():
+    src = generated(by_id("add.add-f16")).source
+    assert "#include" not in src
+    assert "cuda_fp16" not in src and "__half" not in src
+
+
+@pytest.mark.parametrize("dt, to", [(f16, "nk_to_f16"), (bf16, "nk_to_bf16")])
+def test_half_math_goes_through_f32(dt, to):
+    module, path = stdlib_module("add")
+    k = jit.typed_ir(module, "add", add_sig(dt), {"BLOCK": 1024}, 4, 1, False)
+    src = jit.cuda_source(k, path).source
+    ctype = {"f16": "nk_f16", "bf16": "nk_bf16"}[dt.name]
+    assert f"{ctype}* x" in src
+    body = src.split("__launch_bounds__")[1]
+    assert "nk_tof(" in body and f"{to}(" in body
+    out = nvrtc.compile(src, "nk_add", "sm_90a")
+    assert out.cubin.startswith(b"\x7fELF")
+
+
+def test_f16_math_in_stdlib_uses_conversions():
+    body = generated(by_id("norm.norm-f16-rms")).source.split("__launch_bounds__")[1]
+    assert "nk_tof(" in body and "nk_to_f16(" in body
+    body = generated(by_id("norm.norm_looped-bf16")).source.split("__launch_bounds__")[1]
+    assert "nk_tof(" in body and "nk_to_bf16(" in body
+
+
+# ---- atomics ------------------------------------------------------------------------------------
+ATOMIC_BLOCK = """\
+kernel k(dst, val, old, n, BLOCK: constexpr):
+    offs = arange(0, BLOCK)
+    mask = offs < n
+    r = OP(dst + offs % 7, load(val + offs, mask=mask), mask=mask)
+    store(old + offs, r, mask=mask)
+"""
+ATOMIC_CAS = """\
+kernel k(dst, cmp, val, old, n, BLOCK: constexpr):
+    offs = arange(0, BLOCK)
+    mask = offs < n
+    r = atomic_cas(dst + offs % 7, load(cmp + offs, mask=mask), load(val + offs, mask=mask), mask=mask)
+    store(old + offs, r, mask=mask)
+"""
+
+
+def atomic_sass(text: str, sig: dict, arch: str = "sm_90a") -> set[str]:
+    module = syntax.parse(text, "atomic.nk")
+    gen = jit.cuda_source(jit.typed_ir(module, "k", sig, {"BLOCK": 128}, 4, 1, False), "atomic.nk")
+    return opcodes(nvrtc.disassemble(nvrtc.compile(gen.source, gen.name, arch).cubin))
+
+
+def atomic_sig(dt, *names):
+    return {**ptrs(dt, *names), "n": i32}
+
+
+@pytest.mark.parametrize("op, dt, instr", [("atomic_add", f32, "ATOMG.E.ADD.F32"), ("atomic_add", i32, "ATOMG.E.ADD")])
+def test_atomic_add_compiles(op, dt, instr):
+    ops = atomic_sass(ATOMIC_BLOCK.replace("OP", op), atomic_sig(dt, "dst", "val", "old"))
+    assert any(o.startswith(instr) for o in ops), sorted(ops)
+
+
+def test_atomic_cas_i32_compiles():
+    ops = atomic_sass(ATOMIC_CAS, atomic_sig(i32, "dst", "cmp", "val", "old"))
+    assert has(ops, "ATOMG.E.CAS"), sorted(ops)
+
+
+@pytest.mark.xfail(reason="nk_bitcast in the prelude calls __builtin_memcpy, which NVRTC does not define: "
+                          "every float atomic_max/min (the CAS loop) fails to compile", strict=True)
+def test_atomic_max_f32_compiles_as_a_cas_loop():
+    ops = atomic_sass(ATOMIC_BLOCK.replace("OP", "atomic_max"), atomic_sig(f32, "dst", "val", "old"))
+    assert has(ops, "ATOMG.E.CAS"), sorted(ops)
+
+
+@pytest.mark.xfail(reason="nk_bitcast uses __builtin_memcpy (undefined in NVRTC): i64 atomic_add/xchg/cas "
+                          "and f64 atomic_xchg/max/min fail to compile", strict=True)
+@pytest.mark.parametrize("op, dt", [("atomic_add", i64), ("atomic_xchg", f64)])
+def test_64bit_atomics_compile(op, dt):
+    text = "kernel k(dst, val, old, n, BLOCK: constexpr):\n    store(old, OP(dst, load(val)))\n".replace("OP", op)
+    ops = atomic_sass(text, atomic_sig(dt, "dst", "val", "old"))
+    assert has(ops, "ATOMG.E")
+
+
+@pytest.mark.xfail(reason="nk_bitcast uses __builtin_memcpy, undefined in NVRTC", strict=True)
+def test_bitcast_compiles():
+    text = ("kernel k(x, out, n, BLOCK: constexpr):\n    offs = arange(0, BLOCK)\n"
+            "    store(out + offs, load(x + offs).to(i32, bitcast=True))\n")
+    sig = {"x": Ptr(f32), "out": Ptr(i32), "n": i32}
+    module = syntax.parse(text, "bitcast.nk")
+    gen = jit.cuda_source(jit.typed_ir(module, "k", sig, {"BLOCK": 128}, 4, 1, False), "bitcast.nk")
+    nvrtc.compile(gen.source, gen.name, "sm_90a")
+
+
+# ---- codegen bugs found while writing these tests -----------------------------------------------
+MASKED_COPY = """\
+kernel k(x, out, n, BLOCK: constexpr):
+    offs = arange(0, BLOCK)
+    store(out + offs, load(x + offs, mask=offs < n), mask=offs < n)
+"""
+
+
+@pytest.mark.xfail(reason="a masked load without other= of a type whose C name is several words "
+                          "('long long{}', 'unsigned char{}') is invalid C++: 'type name is not allowed'",
+                   strict=True)
+@pytest.mark.parametrize("dt", ["i64", "u8"])
+def test_masked_load_of_multiword_c_types_compiles(dt):
+    from newtc.types import DTYPES
+    t = DTYPES[dt]
+    module = syntax.parse(MASKED_COPY, "masked.nk")
+    gen = jit.cuda_source(jit.typed_ir(module, "k", {**ptrs(t, "x", "out"), "n": i32}, {"BLOCK": 128}, 4, 1, False),
+                          "masked.nk")
+    nvrtc.compile(gen.source, gen.name, "sm_90a")
+
+
+@pytest.mark.xfail(reason="runtime parameter names are emitted verbatim and can collide with generated "
+                          "names (L0 layout index, v_1 temporaries, nk_tid, nk_smem)", strict=True)
+@pytest.mark.parametrize("name", ["L0", "v_1", "nk_tid"])
+def test_parameter_names_cannot_clash_with_generated_names(name):
+    text = f"kernel k({name}, out, BLOCK: constexpr):\n    offs = arange(0, BLOCK)\n" \
+           f"    store(out + offs, load({name} + offs))\n"
+    module = syntax.parse(text, "names.nk")
+    gen = jit.cuda_source(jit.typed_ir(module, "k", {name: Ptr(f32), "out": Ptr(f32)}, {"BLOCK": 64}, 4, 1, False),
+                          "names.nk")
+    nvrtc.compile(gen.source, gen.name, "sm_90a")
+
+
+@pytest.mark.xfail(reason='the file name is pasted into #line "..." unescaped: a quote in it breaks the CUDA',
+                   strict=True)
+def test_file_name_with_a_quote():
+    text = "kernel k(x, BLOCK: constexpr):\n    store(x + arange(0, BLOCK), 1.0)\n"
+    filename = 'my "kernels".nk'
+    module = syntax.parse(text, filename)
+    gen = jit.cuda_source(jit.typed_ir(module, "k", {"x": Ptr(f32)}, {"BLOCK": 64}, 4, 1, False), filename)
+    nvrtc.compile(gen.source, gen.name, "sm_90a")
+
+
+@pytest.mark.xfail(reason="max/min reductions of f64 combine with fmaxf/fminf: the values are rounded to f32",
+                   strict=True)
+def test_f64_max_reduction_stays_double():
+    text = "kernel k(x, out, BLOCK: constexpr):\n    store(out, max(load(x + arange(0, BLOCK)), axis=0))\n"
+    module = syntax.parse(text, "dmax.nk")
+    gen = jit.cuda_source(jit.typed_ir(module, "k", ptrs(f64, "x", "out"), {"BLOCK": 1024}, 4, 1, False), "dmax.nk")
+    ops = opcodes(nvrtc.disassemble(nvrtc.compile(gen.source, gen.name, "sm_90a").cubin))
+    assert not has(ops, "F2F.F32.F64"), "double rounded to float inside the reduction"
+
+
+def test_module_compile_path_matches_table():
+    """newtc.compile + Kernel.source gives the same CUDA as the typed_ir/cuda_source path used above."""
+    s = by_id("add.add-f32")
+    module, path = stdlib_module("add")
+    mod = newtc.compile((STDLIB / "add.nk").read_text(), path)
+    import torch
+    x = torch.empty(16)
+    assert mod.add.source(x, x, x, 16, BLOCK=1024) == generated(s).source
