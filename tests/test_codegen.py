@@ -227,8 +227,10 @@ def nk_lines(source: str) -> list[tuple[str | None, int | None, str]]:
     return out
 
 
-def lines_of(source: str, needle: str) -> set[int]:
-    return {line for _, line, text in nk_lines(source) if needle in text}
+def lines_of(source: str, needle: str) -> set[int | None]:
+    """The .nk lines of the kernel's code lines containing `needle` (the prelude above is left out)."""
+    body = source[source.index('extern "C"'):]
+    return {line for _, line, text in nk_lines(body) if needle in text}
 
 
 def test_line_directives_point_at_the_nk_source():
@@ -241,7 +243,7 @@ def test_line_directives_point_at_the_nk_source():
     assert {int(m[1]) for m in directives} <= {3, 4, 5}  # the lines of add.nk that hold code
     assert lines_of(src, "blockIdx.x") == {3}  # program_id(0)
     assert lines_of(src, "u.w = *(const decltype(u.w)*)") == {5}  # the vector loads
-    assert lines_of(src, "*(decltype(u.w)*)") - lines_of(src, "u.w = *") == {5}  # the vector store
+    assert lines_of(src, ") = u.w;") == {5}  # the vector store
     # the prelude and the kernel's own prologue come before any directive
     first = next(i for i, t in enumerate(src.splitlines()) if t.startswith("#line"))
     assert "__global__" in "\n".join(src.splitlines()[:first])
@@ -414,5 +416,5 @@ def test_module_compile_path_matches_table():
     module, path = stdlib_module("add")
     mod = newtc.compile((STDLIB / "add.nk").read_text(), path)
     import torch
-    x = torch.empty(16)
-    assert mod.add.source(x, x, x, 16, BLOCK=1024) == generated(s).source
+    x = torch.empty(1000)  # torch's allocations are 16-byte aligned, 1000 is not a multiple of 16
+    assert mod.add.source(x, x, x, 1000, BLOCK=1024) == generated(s).source

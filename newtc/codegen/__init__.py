@@ -147,11 +147,14 @@ class Codegen:
                 perm = rename(v.layout, layout)
                 out = [f"{arr}[{j}]" for j in perm] if perm is not None else self.convert(v, layout)
         else:
-            exprs = self.compute(self.defs[id(v)], layout)
+            op = self.defs[id(v)]
+            consumer, self.span = self.span, op.span  # its code maps to its own `.nk` line
+            exprs = self.compute(op, layout)
             if all(re.fullmatch(r"[\w\[\]]+", e) for e in exprs):
                 out = exprs  # already plain names: nothing to compute once
             else:
                 out = self.declare(v.type.dtype, v.name, exprs)
+            self.span = consumer
         self.scopes[-1][key] = out
         return out
 
