@@ -10,6 +10,8 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
+
+import numpy as np
 from dataclasses import dataclass
 
 from . import ast as A
@@ -28,8 +30,8 @@ CONSTANTS = {"inf": math.inf, "nan": math.nan, **DTYPES}
 
 
 class _Return(Exception):
-    def __init__(self, value):
-        self.value = value
+    def __init__(self, value, span):
+        self.value, self.span = value, span
 
 
 @dataclass
@@ -54,9 +56,13 @@ def fold(op: str, a, b):
         q = c_div(a, b)
         return q if op == "//" else a - q * b
     if op == "%":
-        return math.fmod(a, b)
+        return float(np.fmod(np.float64(a), np.float64(b)))
     if op == "//":
-        return math.floor(a / b)
+        return float(np.floor(np.float64(a) / np.float64(b)))
+    if op == "/":
+        return float(np.float64(a) / np.float64(b))
+    if op in ("<<", ">>") and b < 0:
+        raise ValueError("negative shift count")
     if op == "and":
         return a and b
     if op == "or":
@@ -84,6 +90,8 @@ def weak_dtype(lit, other: DType) -> DType:
     """A weakly typed literal adopts the other operand's dtype, except an int meeting a float literal."""
     if isinstance(lit, float) and not other.is_float:
         return f32
+    if other.kind == "b" and not isinstance(lit, bool):
+        return literal_dtype(lit)
     return other
 
 
@@ -168,7 +176,14 @@ class Checker:
 
     def unify(self, vals: list, span: Span, dtype=None) -> list[ir.Value]:
         """Promote runtime values and literals to one dtype and one broadcast shape."""
+        for v in vals:
+            if not isinstance(v, (ir.Value, bool, int, float)):
+                raise NkError(f"expected a number or a block, got {describe(v)}", span)
         runtime = [v for v in vals if isinstance(v, ir.Value)]
+        ptrs = {v.type.dtype for v in runtime if isinstance(v.type.dtype, Ptr)}
+        if ptrs and (len(ptrs) > 1 or len(ptrs) != len({v.type.dtype for v in runtime}) or len(runtime) < len(vals)):
+            raise NkError("pointers only mix with pointers of the same type here", span,
+                          "offset a pointer with + or -; compare or select pointers of one type")
         if dtype is None:
             dtypes = [v.type.dtype for v in runtime]
             dtype = dtypes[0] if dtypes else None
@@ -258,9 +273,11 @@ class Checker:
     def expr_UnaryOp(self, e: A.UnaryOp):
         v = self.expr(e.operand)
         if is_const(v):
-            if not isinstance(v, (bool, int, float)):
+            if not isinstance(v, (bool, int, float)) or (e.op == "~" and isinstance(v, float)):
                 raise NkError(f"bad operand for unary '{e.op}': {describe(v)}", e.span)
             return {"-": lambda: -v, "+": lambda: v, "~": lambda: ~v, "not": lambda: not v}[e.op]()
+        if isinstance(v.type.dtype, Ptr):
+            raise NkError(f"unary '{e.op}' does not apply to a pointer", e.span)
         if e.op == "+":
             return v
         if e.op == "-":
@@ -293,9 +310,12 @@ class Checker:
                     return fold(op, a, b)
                 raise NkError(f"unsupported operands for '{op}': {describe(a)} and {describe(b)}", span)
             try:
-                return fold(op, a, b)
+                with np.errstate(all="ignore"):
+                    return fold(op, a, b)
             except ZeroDivisionError:
-                raise NkError("division by zero in a constant expression", span) from None
+                raise NkError("integer division by zero in a constant expression", span) from None
+            except (TypeError, ValueError) as e:
+                raise NkError(f"bad operands for '{op}': {describe(a)} and {describe(b)} ({e})", span) from None
         if op == "@":
             return self.call_builtin("dot", [a, b], {}, span)
         if op in ("and", "or"):
@@ -381,7 +401,10 @@ class Checker:
         shape = self.constexpr(shape, "a block shape", span)
         if isinstance(shape, int):
             shape = (shape,)
-        if not isinstance(shape, (tuple, list)) or not all(isinstance(d, int) for d in shape):
+        if isinstance(shape, (tuple, list)) and any(isinstance(d, ir.Value) for d in shape):
+            raise NkError("each block dimension must be a compile-time constant", span,
+                          "declare the kernel parameter it comes from as `NAME: constexpr`")
+        if not isinstance(shape, (tuple, list)) or not all(type(d) is int for d in shape):
             raise NkError(f"a block shape is a list of integers, got {describe(shape)}", span)
         for d in shape:
             if not is_pow2(d):
@@ -401,7 +424,7 @@ class Checker:
         self.expr(s.value)
 
     def stmt_Return(self, s: A.Return):
-        raise _Return(self.expr(s.value) if s.value is not None else None)
+        raise _Return(self.expr(s.value) if s.value is not None else None, s.span)
 
     def assign(self, target, value, span: Span):
         if isinstance(target, A.Name):
@@ -694,8 +717,8 @@ def check(module: A.Module, name: str, sig: dict, constexprs: dict, num_warps: i
         c.env[p.name] = v
     try:
         c.block(d.body)
-    except _Return:
-        raise NkError("a kernel cannot return a value; store results through pointers", d.span) from None
+    except _Return as r:
+        raise NkError("a kernel cannot return a value; store results through pointers", r.span) from None
     k = ir.Kernel(name, params, c.region, num_warps, num_stages, dict(constexprs), d.span, frozenset(aligned))
     ir.maybe_verify(k)
     return k
@@ -707,14 +730,16 @@ def check(module: A.Module, name: str, sig: dict, constexprs: dict, num_warps: i
 @builtin("program_id", "num_programs")
 def _program_id(c: Checker, span, axis, *, _name=""):
     axis = c.constexpr(axis, "the axis", span)
-    if axis not in (0, 1, 2):
-        raise NkError(f"axis must be 0, 1 or 2, got {axis}", span)
+    if type(axis) is not int or axis not in (0, 1, 2):
+        raise NkError(f"axis must be 0, 1 or 2, got {axis!r}", span)
     return c.emit(_name, [], Type((), i64 if c.idx64 else i32), span, {"axis": axis})
 
 
 @builtin("arange")
 def _arange(c: Checker, span, start, end):
     start, end = c.constexpr(start, "arange start", span), c.constexpr(end, "arange end", span)
+    if type(start) is not int or type(end) is not int:
+        raise NkError(f"arange() takes integer bounds, got {start!r} and {end!r}", span)
     if not is_pow2(end - start):
         raise NkError(f"arange({start}, {end}) has {end - start} elements, not a power of two", span,
                       "use a power-of-two range and mask the extra lanes")
@@ -763,8 +788,9 @@ def _store(c: Checker, span, ptr, value, mask=None):
         mask = c.value(mask, span, bool_)
         shape = broadcast_shapes(shape, mask.type.shape, span)
         mask = c.to_shape(c.truth(mask, span), shape, span)
-    if value.type.shape and len(value.type.shape) == len(shape) and value.type.shape != shape and ptr.type.shape:
-        broadcast_shapes(value.type.shape, ptr.type.shape, span)
+    if ptr.type.shape and broadcast_shapes(ptr.type.shape, value.type.shape, span) != ptr.type.shape:
+        raise NkError(f"store() of a {value.type} value through a {ptr.type} pointer block", span,
+                      "the value must broadcast to the pointer's shape")
     value = c.to_shape(c.cast(value, ptr.type.dtype.elem, span), shape, span)
     c.emit("store", [c.to_shape(ptr, shape, span), value, mask], None, span)
 
@@ -818,6 +844,8 @@ def _minmax(c: Checker, span, a, b, *, _name=""):
     if is_const(a) and is_const(b):
         return min(a, b) if _name == "minimum" else max(a, b)
     x, y = c.unify([a, b], span)
+    if isinstance(x.type.dtype, Ptr):
+        raise NkError(f"{_name}() does not apply to pointers", span)
     return c.emit(_name, [x, y], x.type, span)
 
 
@@ -829,9 +857,14 @@ def _float_operand(c: Checker, x, span) -> ir.Value:
 @builtin(*MATH)
 def _math(c: Checker, span, x, *, _name=""):
     if is_const(x):
-        fn = {"rsqrt": lambda v: 1 / math.sqrt(v), "sigmoid": lambda v: 1 / (1 + math.exp(-v)),
-              "exp2": lambda v: 2.0 ** v}.get(_name) or getattr(math, _name)
-        return fn(x)
+        if not isinstance(x, (int, float)):
+            raise NkError(f"{_name}() needs a number or a block, got {describe(x)}", span)
+        if _name == "erf":
+            return math.erf(x)
+        fn = {"rsqrt": lambda v: 1 / np.sqrt(v), "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
+              "floor": np.floor, "ceil": np.ceil}.get(_name) or getattr(np, _name)
+        with np.errstate(all="ignore"):  # C semantics: log(0) = -inf, sqrt(-1) = nan, exp(1000) = inf
+            return float(fn(np.float64(x)))
     x = _float_operand(c, x, span)
     return c.emit(_name, [x], x.type, span)
 
@@ -839,7 +872,11 @@ def _math(c: Checker, span, x, *, _name=""):
 @builtin("abs")
 def _abs(c: Checker, span, x):
     if is_const(x):
+        if not isinstance(x, (int, float)):
+            raise NkError(f"abs() needs a number or a block, got {describe(x)}", span)
         return abs(x)
+    if isinstance(x.type.dtype, Ptr):
+        raise NkError("abs() does not apply to a pointer", span)
     return c.emit("abs", [x], x.type, span)
 
 
@@ -859,10 +896,14 @@ def _reduce(c: Checker, span, x, axis=None, keep_dims=False, *, _name=""):
         raise NkError(f"{_name}() reduces a block, got {describe(x)}", span)
     axis = c.constexpr(axis, "the reduction axis", span)
     keep_dims = c.constexpr(keep_dims, "keep_dims", span)
+    if axis is not None and type(axis) is not int:
+        raise NkError(f"the reduction axis must be an integer, got {axis!r}", span)
     if axis is None:
-        if len(x.type.shape) > 1:
+        rank = len(x.type.shape)
+        if rank > 1:
             x = c.emit("reshape", [x], Type((x.type.numel,), x.type.dtype), span)
-        axis = 0
+        r = _reduce(c, span, x, 0, False, _name=_name)
+        return c.to_shape(r, (1,) * rank, span) if keep_dims else r
     rank = len(x.type.shape)
     if not -rank <= axis < rank:
         raise NkError(f"axis {axis} is out of range for a block of rank {rank}", span)

@@ -5,6 +5,11 @@ import os
 import sys
 from dataclasses import dataclass
 
+def flag(name: str) -> bool:
+    """An on/off environment variable: unset, empty, 0, false, no and off mean off."""
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
 # Source text of every file seen by the parser, so that any later stage can quote the line.
 SOURCES: dict[str, str] = {}
 
@@ -27,6 +32,13 @@ class Diagnostic:
     message: str
     hint: str = ""
     severity: str = "error"
+    source_line: str | None = None  # the quoted line, taken when the diagnostic is made
+
+    def __post_init__(self):
+        text = SOURCES.get(self.span.file) if self.span else None
+        lines = text.splitlines() if text is not None else []
+        if self.source_line is None and self.span and 0 < self.span.line <= len(lines):
+            self.source_line = lines[self.span.line - 1]
 
     def render(self, color: bool | None = None) -> str:
         if color is None:
@@ -34,10 +46,8 @@ class Diagnostic:
         bold, red, cyan, reset = ("\033[1m", "\033[31m", "\033[36m", "\033[0m") if color else ("",) * 4
         where = f"{self.span}: " if self.span else ""
         out = [f"{bold}{where}{red}{self.severity}:{reset}{bold} {self.message}{reset}"]
-        text = SOURCES.get(self.span.file) if self.span else None
-        lines = text.splitlines() if text is not None else []
-        if self.span and 0 < self.span.line <= len(lines):
-            src = lines[self.span.line - 1]
+        if self.source_line is not None:
+            src = self.source_line
             width = 1
             if self.span.end_line == self.span.line and self.span.end_col > self.span.col:
                 width = self.span.end_col - self.span.col

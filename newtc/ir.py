@@ -32,11 +32,10 @@ Every value has a Type (shape, dtype) and, after the layout pass, a Layout. Op k
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import NkError, Span
+from .errors import NkError, Span, flag
 from .types import Ptr, Type
 
 _ids = itertools.count()
@@ -183,5 +182,5 @@ def verify(k: Kernel) -> None:
 
 
 def maybe_verify(k: Kernel) -> None:
-    if os.environ.get("NEWT_VERIFY"):
+    if flag("NEWT_VERIFY"):
         verify(k)

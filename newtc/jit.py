@@ -26,7 +26,7 @@ from torch import Tensor
 
 from . import ast as A
 from . import cache, check, codegen, driver, interpret, ir, nvrtc, passes, syntax
-from .errors import SOURCES, NkError
+from .errors import SOURCES, NkError, flag
 from .types import DTYPES, Ptr, bool_, f32, i32, i64, torch_dtype_name
 
 _SRC = Path(__file__).resolve().parent
@@ -34,7 +34,7 @@ _SRC = Path(__file__).resolve().parent
 VERSION = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_SRC.rglob("*.py")))).hexdigest()[:16]
 _disk = None
 _tls = threading.local()
-INTERPRET = bool(os.environ.get("NEWT_INTERPRET"))  # read once: the launch path stays free of lookups
+INTERPRET = flag("NEWT_INTERPRET")  # read once: the launch path stays free of lookups
 
 
 @contextlib.contextmanager
@@ -60,13 +60,14 @@ def disk_cache() -> cache.DiskCache:
 # ---- the pipeline, stage by stage --------------------------------------------------------------
 def typed_ir(module: A.Module, name: str, sig: dict, constexprs: dict, num_warps: int, num_stages: int,
              idx64: bool, aligned: frozenset = frozenset()) -> ir.Kernel:
+    SOURCES[module.file] = module.source  # diagnostics quote this module even if another reused its name
     k = check.check(module, name, sig, constexprs, num_warps, num_stages, idx64, aligned)  # check
     return passes.run_passes(k)  # passes
 
 
 def cuda_source(k: ir.Kernel, filename: str) -> codegen.Generated:
     gen = codegen.generate(k, filename)  # codegen
-    if os.environ.get("NEWT_DEBUG"):
+    if flag("NEWT_DEBUG"):
         print(f"// ---- newt: {k.name} {k.constexprs} num_warps={k.num_warps}\n{gen.source}", file=sys.stderr)
     return gen
 

@@ -56,6 +56,7 @@ class Codegen:
     def __init__(self, k: ir.Kernel, filename: str):
         self.k = k
         self.file = filename
+        self.file_literal = filename.replace("\\", "/").replace('"', "'")  # #line takes no escapes in NVRTC
         self.plan = LayoutPlan(k)
         self.out: list[str] = []
         self.head: list[str] = []
@@ -63,7 +64,9 @@ class Codegen:
         self.names: dict[int, str] = {}
         self.scopes: list[dict] = [{}]
         self.defs: dict[int, ir.Op] = {id(r): op for op in ir.walk(k.body) for r in op.results}
-        self.smem = 0
+        self.halves = [0, 0]  # bytes of each half of the scratch arena
+        self.last_half = None  # half used last in straight-line code; None: unknown (after a boundary)
+        self.fresh_arena = True  # nothing has touched shared memory yet
         self.line_no = None
         self.depth = 1
         self.span = None
@@ -72,7 +75,7 @@ class Codegen:
     # ---- output ------------------------------------------------------------------------------
     def emit(self, text: str) -> None:
         if self.span is not None and self.line_no != self.span.line:
-            self.out.append(f'#line {self.span.line} "{self.file}"')
+            self.out.append(f'#line {self.span.line} "{self.file_literal}"')
             self.line_no = self.span.line
         self.out.append("  " * self.depth + text)
         if self.line_no is not None:
@@ -92,8 +95,22 @@ class Codegen:
             self.names[id(v)] = self.fresh(v.name or "v")
         return self.names[id(v)]
 
-    def need_smem(self, nbytes: int) -> None:
-        self.smem = max(self.smem, nbytes)
+    def scratch(self, nbytes: int) -> str:
+        """Start one use of the shared-memory scratch arena (write, barrier, read); returns its base.
+
+        Uses alternate between two halves: a use's writes cannot race the readers of the use before
+        it (other half), and the readers two uses back finished before that use's barrier. So only
+        the first use after a loop or branch boundary, where the order is unknown, needs a barrier
+        before writing."""
+        half = 0 if self.last_half is None else 1 - self.last_half
+        if self.last_half is None and not self.fresh_arena:
+            self.emit("__syncthreads();")
+        self.last_half, self.fresh_arena = half, False
+        self.halves[half] = max(self.halves[half], (nbytes + 15) // 16 * 16)
+        return "nk_smem" if half == 0 else "(nk_smem + nk_half)"
+
+    def barrier(self) -> None:
+        self.emit("__syncthreads();")
 
     # ---- layouts and coordinates ------------------------------------------------------------
     def lay(self, layout: Layout) -> str:
@@ -168,12 +185,10 @@ class Codegen:
         """Move a value between threads through shared memory: write in its layout, read in the new one."""
         src = v.layout
         t = cexpr.ctype(v.type.dtype)
-        self.need_smem(v.type.numel * v.type.dtype.itemsize)
-        buf = f"(({t}*)nk_smem)"
+        buf = f"(({t}*){self.scratch(v.type.numel * v.type.dtype.itemsize)})"
         arr = self.name_of(v)
-        self.emit("__syncthreads();")
         self.emit_all([f"{buf}[{self.flat(src, j)}] = {arr}[{j}];" for j in range(src.nregs)])
-        self.emit("__syncthreads();")
+        self.barrier()
         return self.declare(v.type.dtype, v.name + "_cvt", [f"{buf}[{self.flat(layout, i)}]" for i in range(layout.nregs)])
 
     # ---- computing values --------------------------------------------------------------------
@@ -281,6 +296,8 @@ class Codegen:
     def nested(self, r: ir.Region, yields: list, stage: bool) -> None:
         self.depth += 1
         self.scopes.append({})
+        # a loop body follows its own previous iteration (which may have used the arena), a branch either path
+        self.last_half, self.fresh_arena = None, False
         self.region(r)
         self.span = r.ops[-1].span if r.ops else self.span
         stmts = []
@@ -289,6 +306,7 @@ class Codegen:
         self.emit_all(stmts)
         self.scopes.pop()
         self.depth -= 1
+        self.last_half = None
 
     def branch(self, op: ir.Op) -> None:
         self.storage(op.results)
@@ -304,18 +322,27 @@ class Codegen:
         k = self.k
         params = []
         for p in k.params:
-            name = p.name if p.name not in KEYWORDS and re.fullmatch(r"[A-Za-z_]\w*", p.name) else p.name + "_"
-            self.names[id(p)] = name
-            params.append(f"{cexpr.ctype(p.type.dtype)} {name}")
+            self.names[id(p)] = param_name(p.name)
+            params.append(f"{cexpr.ctype(p.type.dtype)} {self.names[id(p)]}")
         self.region(k.body)
         threads = 32 * k.num_warps
+        smem = self.halves[0] + self.halves[1]
         symbol = f"nk_{k.name}"  # prefixed: a kernel named like a CUDA builtin (norm, exp) must not clash
         lines = [PRELUDE.strip(), "",
                  f'extern "C" __global__ void __launch_bounds__({threads}) {symbol}({", ".join(params)}) {{',
                  "  extern __shared__ __align__(16) unsigned char nk_smem[];",
+                 f"  const int nk_half = {self.halves[0]};  // the scratch arena's second half",
                  "  const int nk_tid = threadIdx.x, nk_lane = nk_tid & 31, nk_warp = nk_tid >> 5;",
                  *self.head, *self.out, "}", ""]
-        return Generated("\n".join(lines), symbol, threads, self.smem)
+        return Generated("\n".join(lines), symbol, threads, smem)
+
+
+GENERATED = re.compile(r"(nk_\w*|L\d+|\w+_\d+|__\w*|threadIdx|blockIdx|blockDim|gridDim|warpSize)")
+
+
+def param_name(name: str) -> str:
+    """The .nk name, unless it could collide with a C++ keyword, a CUDA builtin or a generated name."""
+    return name if name not in KEYWORDS and not GENERATED.fullmatch(name) else f"{name}_arg"
 
 
 def view_source_layout(op: ir.Op, layout: Layout) -> Layout:

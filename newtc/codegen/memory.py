@@ -55,13 +55,13 @@ def load_or_atomic(cg, op: ir.Op) -> None:
     if not res.type.shape:
         if op.kind == "load":
             cg.emit(f"{t} const {name} = {scalar_load(cg, op)};")
-        else:
-            cg.need_smem(8)
-            cg.emit(f"__syncthreads(); if (nk_tid == 0) (({t}*)nk_smem)[0] = {atomic_expr(op, *[cg.scalar(a) for a in op.args[:-1] if a is not None])};"
-                    if op.args[-1] is None else
-                    f"__syncthreads(); if (nk_tid == 0) (({t}*)nk_smem)[0] = {cg.scalar(op.args[-1])} ? "
-                    f"{atomic_expr(op, *[cg.scalar(a) for a in op.args[:-1]])} : {t}{{}};")
-            cg.emit(f"__syncthreads(); {t} const {name} = (({t}*)nk_smem)[0];")
+        else:  # one thread performs it; the old value reaches every thread through shared memory
+            base = f"(({t}*){cg.scratch(8)})"
+            e = atomic_expr(op, *[cg.scalar(a) for a in op.args[:-1] if a is not None])
+            mask = op.args[-1]
+            cg.emit(f"if (nk_tid == 0) {base}[0] = {cg.scalar(mask) + ' ? ' + e + ' : ' + 'nk_zero<' + t + '>()' if mask else e};")
+            cg.barrier()
+            cg.emit(f"{t} const {name} = {base}[0];")
         return
     layout = res.layout
     n = layout.nregs
@@ -71,7 +71,7 @@ def load_or_atomic(cg, op: ir.Op) -> None:
         return
     ptrs = cg.regs(op.args[0], layout)
     masks = cg.regs(op.args[1], layout) if op.args[1] is not None else None
-    others = cg.regs(op.args[2], layout) if op.args[2] is not None else [f"{t}{{}}"] * n
+    others = cg.regs(op.args[2], layout) if op.args[2] is not None else [f"nk_zero<{t}>()"] * n
     g = group_size(layout, res.type.dtype.itemsize)
     static = proven(op.args[0], op.args[1], layout, g, g * res.type.dtype.itemsize)
     for base in range(0, n, g):
@@ -94,7 +94,7 @@ def scalar_load(cg, op: ir.Op) -> str:
     p = cg.scalar(op.args[0])
     if op.args[1] is None:
         return f"*{p}"
-    other = cg.scalar(op.args[2]) if op.args[2] is not None else f"{cexpr.ctype(op.result.type.dtype)}{{}}"
+    other = cg.scalar(op.args[2]) if op.args[2] is not None else f"nk_zero<{cexpr.ctype(op.result.type.dtype)}>()"
     return f"({cg.scalar(op.args[1])} ? *{p} : {other})"
 
 
@@ -159,4 +159,4 @@ def atomics(cg, op: ir.Op, layout: Layout, name: str) -> None:
     for i in range(layout.nregs):
         e = atomic_expr(op, *[c[i] for c in cols])
         conds = [c for c in (owner, mask[i] if mask else "") if c]
-        cg.emit(f"{name}[{i}] = {' && '.join(conds)} ? {e} : {t}{{}};" if conds else f"{name}[{i}] = {e};")
+        cg.emit(f"{name}[{i}] = {' && '.join(conds)} ? {e} : nk_zero<{t}>();" if conds else f"{name}[{i}] = {e};")

@@ -15,7 +15,8 @@ __device__ __forceinline__ float nk_exp(float x) { return nk_exp2(x * 1.44269504
 __device__ __forceinline__ float nk_log2(float x) { float y; asm("lg2.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 __device__ __forceinline__ float nk_log(float x) { return nk_log2(x) * 0.6931471805599453f; }
 __device__ __forceinline__ float nk_div(float a, float b) { float y; asm("div.full.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b)); return y; }
-template <class T, class U> __device__ __forceinline__ T nk_bitcast(U u) { T t; __builtin_memcpy(&t, &u, sizeof(T)); return t; }
+template <class T, class U> __device__ __forceinline__ T nk_bitcast(U u) { union { U u; T t; } b; b.u = u; return b.t; }
+template <class T> __device__ __forceinline__ T nk_zero() { T t{}; return t; }
 // One memory access of B bytes; alignas makes 8 and 16 bytes a single vector instruction.
 struct alignas(16) nk_w16 { unsigned a, b, c, d; };
 struct alignas(8) nk_w8 { unsigned a, b; };

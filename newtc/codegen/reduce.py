@@ -19,17 +19,17 @@ def better(kind: str, a: str, b: str) -> str:
     return f"{b} > {a}" if kind in ("max", "argmax") else f"{b} < {a}"
 
 
-def combine(kind: str, a: str, b: str, flt: bool) -> str:
+def combine(kind: str, a: str, b: str, dt) -> str:
     if kind == "sum":
         return f"{a} + {b}"
-    fn = ("fmaxf" if kind == "max" else "fminf") if flt else None
+    fn = ("fmax" if kind == "max" else "fmin") + ("" if dt.bits == 64 else "f") if dt.is_float else None
     return f"{fn}({a}, {b})" if fn else f"({better(kind, a, b)} ? {b} : {a})"
 
 
-def step(kind: str, acc: str, idx: str | None, b: str, bi: str | None, flt: bool) -> str:
+def step(kind: str, acc: str, idx: str | None, b: str, bi: str | None, dt) -> str:
     """One statement folding value b (index bi) into acc (index idx)."""
     if idx is None:
-        return f"{acc} = {combine(kind, acc, b, flt)};"
+        return f"{acc} = {combine(kind, acc, b, dt)};"
     return f"if ({better(kind, acc, b)} || ({b} == {acc} && {bi} < {idx})) {{ {acc} = {b}; {idx} = {bi}; }}"
 
 
@@ -40,7 +40,6 @@ def reduce_regs(cg, kind: str, dt, xs: list[str], layout: Layout, axis: int, spa
     if not pure(layout, m):
         raise NkError("internal: reduction over a layout that mixes the axis with other dims", span)
     t = acc_type(dt)
-    flt = dt.is_float
     arg = kind in ("argmax", "argmin")
     keep = [b for b, base in enumerate(layout.reg) if not base & m]
     groups: dict[int, list[int]] = {}
@@ -56,7 +55,7 @@ def reduce_regs(cg, kind: str, dt, xs: list[str], layout: Layout, axis: int, spa
             stmts.append(f"{idx}[{i}] = {cg.coord(layout, js[0], axis)};")
         for j in js[1:]:
             stmts.append(step(kind, f"{acc}[{i}]", f"{idx}[{i}]" if arg else None, cexpr.widen(xs[j], dt),
-                              cg.coord(layout, j, axis) if arg else None, flt))
+                              cg.coord(layout, j, axis) if arg else None, dt))
     cg.emit_all(stmts, per_line=2)
     for k, base in enumerate(layout.lane):
         if base & m:
@@ -64,7 +63,7 @@ def reduce_regs(cg, kind: str, dt, xs: list[str], layout: Layout, axis: int, spa
                 o = f"__shfl_xor_sync(0xffffffffu, {acc}[{i}], {1 << k})"
                 oi = f"__shfl_xor_sync(0xffffffffu, {idx}[{i}], {1 << k})" if arg else None
                 cg.emit(f"{{ {t} o = {o};" + (f" int oi = {oi};" if arg else "") + " "
-                        + step(kind, f"{acc}[{i}]", f"{idx}[{i}]" if arg else None, "o", "oi" if arg else None, flt) + " }")
+                        + step(kind, f"{acc}[{i}]", f"{idx}[{i}]" if arg else None, "o", "oi" if arg else None, dt) + " }")
     wbits = [k for k, base in enumerate(layout.warp) if base & m]
     if wbits:
         out = slice_layout(layout, axis)
@@ -74,20 +73,19 @@ def reduce_regs(cg, kind: str, dt, xs: list[str], layout: Layout, axis: int, spa
         slots = 1 << len(wbits)
         tsize = 8 if t in ("double", "long long", "unsigned long long") else 4
         vbytes = slots * numel * tsize
-        cg.need_smem(vbytes + (slots * numel * 4 if arg else 0))
+        base = cg.scratch(vbytes + (slots * numel * 4 if arg else 0))
         wa = " | ".join(f"(((nk_warp >> {k}) & 1) << {n_})" for n_, k in enumerate(wbits))
-        buf, ibuf = f"(({t}*)nk_smem)", f"((int*)(nk_smem + {vbytes}))"
-        cg.emit("__syncthreads();")
+        buf, ibuf = f"(({t}*){base})", f"((int*)({base} + {vbytes}))"
         for i in range(n):
             f = cg.flat(out, i) if out.shape else "0"
             cg.emit(f"{buf}[({wa}) * {numel} + {f}] = {acc}[{i}];" + (f" {ibuf}[({wa}) * {numel} + {f}] = {idx}[{i}];" if arg else ""))
-        cg.emit("__syncthreads();")
+        cg.barrier()
         for i in range(n):
             f = cg.flat(out, i) if out.shape else "0"
             stmts = [f"{acc}[{i}] = {buf}[{f}];" + (f" {idx}[{i}] = {ibuf}[{f}];" if arg else "")]
             for s in range(1, slots):
                 stmts.append(step(kind, f"{acc}[{i}]", f"{idx}[{i}]" if arg else None, f"{buf}[{s * numel} + {f}]",
-                                  f"{ibuf}[{s * numel} + {f}]" if arg else None, flt))
+                                  f"{ibuf}[{s * numel} + {f}]" if arg else None, dt))
             cg.emit_all(stmts, per_line=2)
     return [f"{acc}[{i}]" for i in range(n)], ([f"{idx}[{i}]" for i in range(n)] if arg else None)
 

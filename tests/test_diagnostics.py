@@ -1,0 +1,468 @@
+"""User mistakes render as `file.nk:LINE:COL: error: ...`, quote the source line with a caret under the
+span, and never show Python internals. Parse and check errors come through `newtc.compile` and CPU
+launches (which run in the interpreter), as a user meets them; the CLI is run as `python -m newtc`.
+"""
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import newtc
+from newtc import cache, jit
+from newtc.check import check
+from newtc.syntax import parse
+from newtc.types import Ptr, f32, i32
+
+ROOT = Path(__file__).resolve().parent.parent
+INTERNALS = ("Traceback", '.py"', "lark", "newtc/", "File \"")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Parsed modules are cached on disk: keep this module's entries out of the user's cache."""
+    monkeypatch.setattr(jit, "_disk", cache.DiskCache(tmp_path / "cache"))
+
+
+def src(text: str) -> str:
+    return textwrap.dedent(text)
+
+
+def assert_diagnostic(err: newtc.NkError, file: str, line: int, col: int | None, message: str,
+                      hint: str | None = None) -> str:
+    """The rendered error names file:line:col, quotes that line of the source with a caret under col."""
+    out = err.render(color=False)
+    assert "\033[" not in out
+    for bad in INTERNALS:
+        assert bad not in out, out
+    lines = out.splitlines()
+    head = re.match(rf"^{re.escape(file)}:(\d+):(\d+): error: (.*)$", lines[0])
+    assert head, out
+    assert int(head.group(1)) == line, out
+    if col is not None:
+        assert int(head.group(2)) == col, out
+    col = int(head.group(2))
+    assert re.search(message, head.group(3)), out
+    text = newtc.errors.SOURCES[file]
+    assert lines[1] == "  " + text.splitlines()[line - 1], out
+    assert re.fullmatch(r"  " + " " * (col - 1) + r"\^~*", lines[2]), out
+    if hint is not None:
+        assert any(ln.startswith("  hint: ") and re.search(hint, ln) for ln in lines[3:]), out
+    assert str(err) == out
+    return out
+
+
+def compile_error(text: str, file: str) -> newtc.NkError:
+    with pytest.raises(newtc.NkError) as e:
+        newtc.compile(src(text), file)
+    return e.value
+
+
+def launch_error(text: str, file: str, *args, **meta) -> newtc.NkError:
+    mod = newtc.compile(src(text), file)
+    name = list(mod.kernels)[-1]
+    with pytest.raises(newtc.NkError) as e:
+        getattr(mod, name)[(1,)](*args, **meta)
+    return e.value
+
+
+def typing_error(body: str, file: str, sig=None, constexprs=None) -> newtc.NkError:
+    """Type a kernel `k(x: *f32, n: i32, ...)` whose body is `body` (its first line is line 2)."""
+    sig = sig or {"x": Ptr(f32), "n": i32}
+    params = ", ".join([*sig, *(f"{c}: constexpr" for c in constexprs or {})])
+    text = f"kernel k({params}):\n" + textwrap.indent(src(body), "    ")
+    with pytest.raises(newtc.NkError) as e:
+        check(parse(text, file), "k", sig, constexprs or {})
+    return e.value
+
+
+def x4():
+    return torch.zeros(4)
+
+
+# ---- syntax errors -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, line, col, message", [
+    ("kernel k(x):\n    y = (1 +\n", 2, 13, "unexpected end of input; expected an expression"),
+    ("kernel k(x):\n    y = x +* 2\n", 2, 12, r"unexpected '\*'"),
+    ("kernel k(x):\n  y = 1\n    z = 2\n", 3, 5, "unexpected indentation"),
+    ("kernel k(x):\n    y = 1 $ 2\n", 2, 11, r"unexpected character '\$'"),
+    ("kernel k(x):\n\ty = 1\n        z = 2\n", 3, 1, "inconsistent use of tabs and spaces"),
+    ("kernel k(x)\n    y = 1\n", 1, 12, "expected ':'"),
+    ("kernel k(x):\n    y = 'abc\n", 2, 9, "unterminated string"),
+    ("kernel k(x):\n    y = 1 < 2 < 3\n", 2, 15, "unexpected '<'"),
+    ("kernel k(x):\n    else:\n        pass\n", 2, 5, "unexpected 'else'"),
+    ("kernel k(x):\n        a = 1\n      b = 2\n", 3, 1, "unindent does not match"),
+    ("kernel k(x):\n    y = [1, 2\n", 2, 14, r"expected ',' or '\]'"),
+    ("kernel (x):\n    pass\n", 1, 8, "expected a name"),
+    ("kernel k(x):\n    for in range(3):\n        pass\n", 2, 9, "unexpected 'in'"),
+    ("kernel k(x):\n", 1, 13, "expected an indented block"),
+    ("kernel k(x):\n    y = {}\n", 2, 9, r"unexpected character '\{'"),
+])
+def test_syntax_errors(text, line, col, message):
+    err = compile_error(text, "syntax.nk")
+    assert_diagnostic(err, "syntax.nk", line, col, message)
+
+
+# ---- names ----------------------------------------------------------------------------------------------
+def test_unknown_builtin_suggests_the_right_one():
+    err = launch_error("""\
+        kernel k(x, n):
+            offs = arange(0, 4)
+            v = lod(x + offs, mask=offs < n)
+    """, "names.nk", x4(), 4)
+    out = assert_diagnostic(err, "names.nk", 3, 9, "unknown name 'lod'", "did you mean 'load'")
+    assert out.splitlines()[2] == "          ^~~"
+
+
+def test_unknown_local_suggests_the_local():
+    err = launch_error("""\
+        kernel k(x, n):
+            offsets = arange(0, 4)
+            store(x + ofsets, 1.0)
+    """, "local.nk", x4(), 4)
+    assert_diagnostic(err, "local.nk", 3, 15, "unknown name 'ofsets'", "did you mean 'offsets'")
+
+
+def test_unknown_name_without_a_close_match_has_no_hint():
+    err = typing_error("y = zzzzqqq + 1\n", "nohint.nk")
+    out = assert_diagnostic(err, "nohint.nk", 2, 9, "unknown name 'zzzzqqq'")
+    assert "  hint:" not in out
+
+
+def test_error_inside_a_helper_points_into_the_helper():
+    err = launch_error("""\
+        def scale(v):
+            return v * facter
+
+        kernel k(x):
+            store(x, scale(load(x)))
+    """, "helper.nk", x4())
+    assert_diagnostic(err, "helper.nk", 2, 16, "unknown name 'facter'")
+
+
+# ---- builtin calls ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("body, col, message, hint", [
+    ("y = load(x, maks=n > 0)\n", 9, "load\\(\\): got an unexpected keyword argument 'maks'",
+     r"signature: load\(ptr, mask, other\)"),
+    ("y = load(x, n > 0, 0.0, 1)\n", 9, r"load\(\): too many positional arguments", "signature"),
+    ("y = load()\n", 9, r"load\(\): missing a required argument: 'ptr'", "signature"),
+    ("y = arange(8)\n", 9, r"arange\(\): missing a required argument: 'end'", r"arange\(start, end\)"),
+    ("y = program_id(3)\n", 9, "axis must be 0, 1 or 2", None),
+    ("y = load(x, other=1.0)\n", 9, r"load\(other=...\) needs a mask", None),
+    ("y = load(n)\n", 9, r"load\(\) needs a pointer, got a scalar of type i32", None),
+    ("y = sum(1.0)\n", 9, r"sum\(\) reduces a block", None),
+    ("y = n.to(f16, bitcast=True)\n", 9, "bitcast needs equal widths: i32 and f16", None),
+    ("y = dot(zeros([16, 16]), zeros([8, 16]))\n", 9, "inner dimensions differ", None),
+    ("static_assert(n == 4)\n", 5, "a static_assert condition must be a compile-time constant", "constexpr"),
+    ("static_assert(1 == 2, 'one is not two')\n", 5, "static_assert failed: one is not two", None),
+])
+def test_builtin_misuse(body, col, message, hint):
+    err = typing_error(body, "builtin.nk")
+    assert_diagnostic(err, "builtin.nk", 2, col, message, hint)
+
+
+def test_helper_arity():
+    err = launch_error("""\
+        def h(a):
+            return a
+
+        kernel k(x):
+            store(x, h(1.0, 2.0))
+    """, "arity.nk", x4())
+    assert_diagnostic(err, "arity.nk", 5, 14, r"h\(\) takes 1 arguments, 2 given")
+
+
+def test_calling_a_kernel():
+    err = launch_error("kernel j(x):\n    pass\n\nkernel k(x):\n    j(x)\n", "callk.nk", x4())
+    assert_diagnostic(err, "callk.nk", 5, 5, "'j' is a kernel; only `def` helpers can be called")
+
+
+# ---- dtypes, shapes, constants ------------------------------------------------------------------------------
+@pytest.mark.parametrize("body, col, message", [
+    ("y = 1.5 << n\n", 9, "'<<' needs integer operands, got f32"),
+    ("y = ~load(x)\n", 9, "'~' needs an integer operand, got f32"),
+    ("y = load(x) & 1\n", 9, "'&' needs integer operands"),
+    ("y = x + 1.5\n", 9, "unsupported pointer arithmetic"),
+    ("y = x + x\n", 9, "unsupported pointer arithmetic"),
+    ("y = 1 - x\n", 9, "unsupported pointer arithmetic"),
+    ("y = exp(x)\n", 9, r"cannot convert \*f32 to f32"),
+    ("y = load(x + arange(0, 128)) + load(x + arange(0, 64))\n", 9, r"shapes \[128\] and \[64\] do not broadcast"),
+    ("y = arange(0, 100)\n", 9, r"arange\(0, 100\) has 100 elements, not a power of two"),
+    ("y = zeros([3, 4])\n", 9, "block dimension 3 is not a power of two"),
+    ("y = arange(0, n)\n", 9, "arange end must be a compile-time constant"),
+    ("y = zeros(n)\n", 9, "a block shape must be a compile-time constant"),
+    ("y = sum(load(x + arange(0, 4)), axis=n)\n", 9, "the reduction axis must be a compile-time constant"),
+    ("y = 7 // 0\n", 9, "division by zero in a constant expression"),
+    ("y = n[0]\n", 9, "cannot index a scalar"),
+    ("y = arange(0, 4)[0]\n", 22, "only `:` and `None` can index a block"),
+    ("y = x.foo\n", 9, "has no attribute 'foo'"),
+    ("a, b = 1\n", 5, "cannot unpack int 1 into 2 names"),
+    ("x[0] = 1.0\n", 5, "only names can be assigned"),
+    ("for i in range(0, n, 0):\n    pass\n", 14, "step must not be zero"),
+    ("for i in range(0.5, n):\n    pass\n", 14, "bounds must be integer scalars"),
+    ("for i in tiles(4):\n    pass\n", 14, "iterates over range"),
+])
+def test_type_errors(body, col, message):
+    err = typing_error(body, "types.nk")
+    assert_diagnostic(err, "types.nk", 2, col, message)
+
+
+def test_runtime_value_where_a_constexpr_is_needed_has_a_hint():
+    err = launch_error("""\
+        kernel k(x, n):
+            offs = arange(0, n)
+            store(x + offs, 1.0)
+    """, "constexpr.nk", x4(), 4)
+    assert_diagnostic(err, "constexpr.nk", 2, 12, "arange end must be a compile-time constant",
+                      "`NAME: constexpr`")
+
+
+def test_block_if_condition():
+    err = launch_error("""\
+        kernel k(x, n):
+            offs = arange(0, 4)
+            if offs < n:
+                store(x + offs, 1.0)
+    """, "blockif.nk", x4(), 4)
+    assert_diagnostic(err, "blockif.nk", 3, 8, r"an `if` condition must be a scalar, got a block bool\[4\]",
+                      r"where\(cond, a, b\)")
+
+
+def test_non_power_of_two_constexpr_at_launch_points_at_the_arange():
+    err = launch_error("""\
+        kernel k(x, n, BLOCK: constexpr):
+            offs = program_id(0) * BLOCK + arange(0, BLOCK)
+            store(x + offs, 1.0, mask=offs < n)
+    """, "pow2.nk", x4(), 4, BLOCK=100)
+    assert_diagnostic(err, "pow2.nk", 2, 36, "100 elements, not a power of two", "mask the extra lanes")
+
+
+def test_shape_mismatch_at_launch():
+    err = launch_error("""\
+        kernel k(x):
+            a = load(x + arange(0, 128))
+            b = load(x + arange(0, 64))
+            store(x + arange(0, 128), a + b)
+    """, "shape.nk", torch.zeros(128))
+    assert_diagnostic(err, "shape.nk", 4, 31, r"shapes \[128\] and \[64\] do not broadcast",
+                      "equal, or one of them 1")
+
+
+def test_return_from_a_helper_inside_a_runtime_loop():
+    err = launch_error("""\
+        def first(x, n):
+            for i in range(0, n):
+                return load(x + i)
+
+        kernel k(x, n):
+            store(x, first(x, n))
+    """, "retloop.nk", x4(), 4)
+    assert_diagnostic(err, "retloop.nk", 2, 5, "`return` inside a runtime loop is not supported")
+
+
+# ---- launches ---------------------------------------------------------------------------------------------
+ADD = """\
+kernel add(x, y, out, n, BLOCK: constexpr):
+    offs = program_id(0) * BLOCK + arange(0, BLOCK)
+    mask = offs < n
+    store(out + offs, load(x + offs, mask=mask) + load(y + offs, mask=mask), mask=mask)
+"""
+
+
+def add_args():
+    return torch.randn(100), torch.randn(100), torch.empty(100), 100
+
+
+def test_missing_constexpr_at_launch():
+    err = launch_error(ADD, "launch1.nk", *add_args())
+    assert_diagnostic(err, "launch1.nk", 1, 26, "missing constexpr 'BLOCK' for kernel 'add'",
+                      r"add\[grid\]\(\.\.\., BLOCK=\.\.\.\)")
+
+
+def test_wrong_argument_count_at_launch():
+    x, y, out, n = add_args()
+    err = launch_error(ADD, "launch2.nk", x, y, out, BLOCK=128)
+    assert_diagnostic(err, "launch2.nk", 1, 1, r"kernel 'add' takes 4 runtime arguments \(x, y, out, n\), got 3")
+    err = launch_error(ADD, "launch3.nk", x, y, out, n, n, BLOCK=128)
+    assert_diagnostic(err, "launch3.nk", 1, 1, "takes 4 runtime arguments .*, got 5")
+
+
+def test_unknown_constexpr_at_launch():
+    err = launch_error(ADD, "launch4.nk", *add_args(), BLOCK=128, BLOK=64)
+    assert_diagnostic(err, "launch4.nk", 1, 1, "kernel 'add' has no constexpr parameter 'BLOK'",
+                      "constexpr parameters: BLOCK")
+
+
+def test_bad_num_warps_at_launch():
+    err = launch_error(ADD, "launch5.nk", *add_args(), BLOCK=128, num_warps=3)
+    assert_diagnostic(err, "launch5.nk", 1, 1, "num_warps=3 must be a power of two")
+
+
+def test_unsupported_argument_types():
+    mod = newtc.compile(ADD, "launch6.nk")
+    x, y, out, n = add_args()
+    with pytest.raises(newtc.NkError, match="cannot pass str to a kernel") as e:
+        mod.add[(1,)](x, y, out, "100", BLOCK=128)
+    assert "hint: pass tensors" in e.value.render(color=False)
+    with pytest.raises(newtc.NkError, match="tensors of torch.complex64 are not supported"):
+        mod.add[(1,)](x.to(torch.complex64), y, out, n, BLOCK=128)
+
+
+def test_annotation_mismatch_at_launch():
+    err = launch_error("kernel k(x: *f16):\n    pass\n", "annot.nk", x4())
+    assert_diagnostic(err, "annot.nk", 1, 10, r"parameter 'x' is declared \*f16 but got \*f32")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA tensor to mix devices")
+def test_tensors_on_different_devices():
+    x, y, out, n = add_args()
+    err = launch_error(ADD, "devices.nk", x.cuda(), y, out, n, BLOCK=128)
+    assert_diagnostic(err, "devices.nk", 1, 1, "tensors on different devices", "same device")
+
+
+# ---- the interpreter's memory checks ---------------------------------------------------------------------
+OOB = """\
+kernel k(x, out, BLOCK: constexpr):
+    offs = arange(0, BLOCK)
+    v = load(x + offs)
+    store(out + offs, v)
+"""
+
+
+def test_out_of_bounds_load_in_the_interpreter():
+    err = launch_error(OOB, "oob.nk", torch.randn(100), torch.empty(128), BLOCK=128)
+    out = assert_diagnostic(err, "oob.nk", 3, 9, "out-of-bounds load: offset 100 is outside the tensor's 100 "
+                                                 "elements", "mask the lanes")
+    assert out.startswith("oob.nk:3:")
+
+
+def test_out_of_bounds_store_in_the_interpreter():
+    out = torch.empty(60)
+    err = launch_error(OOB, "oob_store.nk", torch.randn(64), out, BLOCK=64)
+    assert_diagnostic(err, "oob_store.nk", 4, 5, "out-of-bounds store: offset 60 is outside the tensor's 60 "
+                                                 "elements")
+
+
+def test_out_of_bounds_inside_a_helper_and_a_loop():
+    err = launch_error("""\
+        def get(p, i):
+            return load(p + i)
+
+        kernel k(x, out, n):
+            s = 0.0
+            for i in range(0, n):
+                s += get(x, i)
+            store(out, s)
+    """, "oob_loop.nk", torch.ones(4), torch.zeros(1), 5)
+    assert_diagnostic(err, "oob_loop.nk", 2, 12, "out-of-bounds load: offset 4 is outside the tensor's 4 elements")
+
+
+def test_negative_offset_before_a_view():
+    base = torch.zeros(8)
+    err = launch_error("kernel k(x):\n    store(x - 1, 1.0)\n", "oob_neg.nk", base[2:6])
+    assert_diagnostic(err, "oob_neg.nk", 2, 5, "out-of-bounds store: offset -1 is outside the tensor's 4 elements")
+    assert torch.equal(base, torch.zeros(8))  # nothing was written
+
+
+def test_masked_lanes_are_not_out_of_bounds():
+    x, out = torch.randn(100), torch.zeros(100)
+    mod = newtc.compile(src("""\
+        kernel k(x, out, n, BLOCK: constexpr):
+            offs = arange(0, BLOCK)
+            store(out + offs, load(x + offs, mask=offs < n), mask=offs < n)
+    """), "masked.nk")
+    mod.k[(1,)](x, out, 100, BLOCK=128)
+    assert torch.equal(out, x)
+
+
+# ---- the command line ------------------------------------------------------------------------------------
+def run_cli(tmp_path, *argv):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               NO_COLOR="1", NEWT_CACHE_DIR=str(tmp_path / "clicache"))
+    return subprocess.run([sys.executable, "-m", "newtc", *argv], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_cli_check_reports_a_type_error(tmp_path):
+    (tmp_path / "bad.nk").write_text("kernel k(x: *f32, n: i32):\n    y = lod(x)\n")
+    p = run_cli(tmp_path, "--check", "bad.nk")
+    assert p.returncode == 1
+    assert p.stdout == ""
+    lines = p.stderr.splitlines()
+    assert lines[0] == "bad.nk:2:9: error: unknown name 'lod'"
+    assert lines[1] == "      y = lod(x)"
+    assert lines[2] == "          ^~~"
+    assert "did you mean 'load'?" in lines[3]
+    for bad in INTERNALS:
+        assert bad not in p.stderr
+
+
+def test_cli_check_reports_a_syntax_error(tmp_path):
+    (tmp_path / "bad.nk").write_text("kernel k(x):\n    y = (x +\n")
+    p = run_cli(tmp_path, "--check", "bad.nk")
+    assert p.returncode == 1 and p.stdout == ""
+    assert p.stderr.startswith("bad.nk:2:13: error: unexpected end of input")
+    for bad in INTERNALS:
+        assert bad not in p.stderr
+
+
+def test_cli_check_with_sig_and_defines(tmp_path):
+    (tmp_path / "bad.nk").write_text("kernel k(x, n, B: constexpr):\n    y = arange(0, B)\n")
+    p = run_cli(tmp_path, "--check", "bad.nk", "--sig", "x=*f32,n=i32", "-D", "B=12")
+    assert p.returncode == 1
+    assert p.stderr.startswith("bad.nk:2:9: error: arange(0, 12) has 12 elements, not a power of two")
+    p = run_cli(tmp_path, "--check", "bad.nk", "--sig", "x=*f32,n=i32", "-D", "B=16")
+    assert p.returncode == 0 and p.stderr == ""
+
+
+def test_cli_missing_file(tmp_path):
+    p = run_cli(tmp_path, "--check", "nothere.nk")
+    assert p.returncode == 1
+    assert "cannot read nothere.nk" in p.stderr and "Traceback" not in p.stderr
+
+
+# ---- known bugs --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("expr", ["~1.5", "1.5 << 2", "1 << -1", "abs('a')", "arange(0, 2.0)",
+                                  "sum(load(x + arange(0, 4)), axis=0.5)"])
+def test_bad_constant_operands_are_diagnosed(expr):
+    err = typing_error(f"y = {expr}\n", "constbad.nk")
+    assert_diagnostic(err, "constbad.nk", 2, None, ".")
+
+
+@pytest.mark.parametrize("expr", ["log(0.0)", "sqrt(-1.0)", "exp(1000.0)", "sigmoid(-1000.0)", "7 % 0.0"])
+def test_constant_math_folding_never_leaks_python_errors(expr):
+    text = f"kernel k(x: *f32):\n    store(x, {expr})\n"
+    try:
+        check(parse(text, "constmath.nk"), "k", {"x": Ptr(f32)}, {})
+    except newtc.NkError as err:
+        assert_diagnostic(err, "constmath.nk", 2, None, ".")
+
+
+@pytest.mark.parametrize("expr", ["-x", "abs(x)", "minimum(x, x + 1)", "where(n > 0, x, 1)",
+                                  "x + program_id(1.0)"])
+def test_pointer_and_axis_misuse_is_a_type_error(expr):
+    err = typing_error(f"store({expr}, 1.0)\n", "ptrbad.nk")
+    assert_diagnostic(err, "ptrbad.nk", 2, None, ".")
+
+
+def test_diagnostics_quote_their_own_module_when_names_repeat():
+    a = newtc.compile("kernel k(x):\n    y = lod(x)\n", "same.nk")
+    newtc.compile("kernel k(x):\n    store(x, 1.0)\n", "same.nk")
+    with pytest.raises(newtc.NkError) as e:
+        a.k[(1,)](x4())
+    assert e.value.render(color=False).splitlines()[1] == "      y = lod(x)"
+
+
+def test_runtime_value_in_a_list_shape():
+    err = typing_error("y = zeros([n])\n", "listshape.nk")
+    out = assert_diagnostic(err, "listshape.nk", 2, 9, "must be a compile-time constant")
+    assert "%" not in out
+
+
+def test_return_in_a_kernel_points_at_the_return():
+    err = launch_error("kernel k(x):\n    pass\n    return 1\n", "kret.nk", x4())
+    assert_diagnostic(err, "kret.nk", 3, 5, "a kernel cannot return a value")

@@ -1,0 +1,423 @@
+"""Kernel objects: modules and attributes, the inspection stages, NEWT_DEBUG, the disk caches (binaries and
+ASTs, across processes), CPU launches through the interpreter, launch errors, 64-bit index specialization.
+
+Nothing here needs a GPU: binaries come from NVRTC for a named arch, launches run on CPU tensors."""
+from __future__ import annotations
+
+import multiprocessing
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import newtc
+from newtc import cache, ir, jit, nvrtc, ops, syntax
+from newtc.errors import SOURCES, NkError
+from newtc.types import Ptr, f32, i32, i64
+
+STDLIB = Path(__file__).resolve().parents[1] / "stdlib"
+ADD = STDLIB / "add.nk"
+
+TWO = """\
+# two kernels in one file
+kernel copy(x, out, n, BLOCK: constexpr):
+    offs = program_id(0) * BLOCK + arange(0, BLOCK)
+    store(out + offs, load(x + offs, mask=offs < n), mask=offs < n)
+
+def twice(v):
+    return v * 2.0
+
+kernel scale(x, out, n, BLOCK: constexpr, TWICE: constexpr = False):
+    offs = program_id(0) * BLOCK + arange(0, BLOCK)
+    v = load(x + offs, mask=offs < n)
+    if TWICE:
+        v = twice(v)
+    store(out + offs, v, mask=offs < n)
+"""
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def point_cache_at(monkeypatch, directory) -> None:
+    """Every disk-cache user (binaries, ASTs) in this process now reads and writes `directory`."""
+    monkeypatch.setenv("NEWT_CACHE_DIR", str(directory))
+    monkeypatch.setattr(jit, "_disk", None)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    """Tests never touch ~/.cache/newt; one folder for the file unless a test asks for a fresh one."""
+    point_cache_at(monkeypatch, tmp_path_factory.getbasetemp() / "newt-cache")
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch) -> Path:
+    d = tmp_path / "cache"
+    point_cache_at(monkeypatch, d)
+    return d
+
+
+def entries(d: Path) -> set[str]:
+    return {p.name for p in d.glob("*.bin")} if d.exists() else set()
+
+
+def add_args(n=1000):
+    x, y, out = torch.randn(n), torch.randn(n), torch.empty(n)
+    return x, y, out, n
+
+
+# ---- modules and kernels -------------------------------------------------------------------------
+def test_compile_gives_a_module_with_kernel_attributes():
+    mod = newtc.compile(TWO, "two.nk")
+    assert isinstance(mod, newtc.Module)
+    assert set(mod.kernels) == {"copy", "scale"}  # the helper is not a kernel
+    assert isinstance(mod.copy, newtc.Kernel) and mod.copy.name == "copy"
+    assert mod.scale is mod.kernels["scale"]
+    assert {"copy", "scale"} <= set(dir(mod))
+    assert "two.nk" in repr(mod.copy)
+    assert mod.scale.constexpr_names == {"BLOCK", "TWICE"}
+    assert [p.name for p in mod.scale.runtime] == ["x", "out", "n"]
+
+
+def test_unknown_kernel_attribute_lists_the_kernels():
+    mod = newtc.compile(TWO, "two.nk")
+    with pytest.raises(AttributeError, match=r"no kernel 'cpy'.*kernels: copy, scale"):
+        mod.cpy
+    assert not hasattr(mod, "twice")  # a helper is not an attribute
+    assert getattr(mod, "nope", None) is None
+
+
+def test_load_parses_once_and_again_when_the_file_changes(tmp_path):
+    std = newtc.load(ADD)
+    assert set(std.kernels) == {"add"} and std.filename == str(ADD)
+    assert newtc.load(str(ADD)) is std
+    sm = newtc.load(STDLIB / "softmax.nk")
+    assert set(sm.kernels) == {"softmax", "softmax_looped", "cross_entropy"}
+
+    path = tmp_path / "k.nk"
+    path.write_text(TWO)
+    first = newtc.load(path)
+    assert newtc.load(path) is first
+    path.write_text(TWO.replace("kernel scale", "kernel scale2"))  # a different size
+    second = newtc.load(path)
+    assert second is not first and set(second.kernels) == {"copy", "scale2"}
+
+
+def test_compile_errors_are_diagnostics():
+    with pytest.raises(NkError, match=r"bad\.nk:2:\d+: error"):
+        newtc.compile("kernel k(x):\n    y = = 1\n", "bad.nk")
+
+
+# ---- the stages, for inspection (no GPU) ---------------------------------------------------------
+def test_ir_and_source_for_cpu_arguments():
+    k = newtc.load(ADD).add
+    args = add_args()
+    text = k.ir(*args, BLOCK=1024)
+    assert text.startswith("kernel @add(") and "[BLOCK=1024]" in text
+    assert "*f32" in text and "program_id() {axis=0} : i32" in text
+    assert re.search(r"load\(.*\) : f32\[1024\]", text)
+    src = k.source(*args, BLOCK=1024)
+    assert '__launch_bounds__(128) nk_add(float* x, float* y, float* out, int n)' in src
+    assert f'#line 5 "{ADD}"' in src
+    # num_warps and dtypes take part in the specialization
+    assert "__launch_bounds__(256)" in k.source(*args, BLOCK=1024, num_warps=8)
+    h = [a.half() if isinstance(a, torch.Tensor) else a for a in args]
+    assert "nk_f16* x" in k.source(*h, BLOCK=1024)
+
+
+def test_ptx_and_sass_for_a_named_arch():
+    k = newtc.load(ADD).add
+    args = add_args()
+    ptx = k.ptx(*args, BLOCK=1024, arch="sm_90a")
+    assert ".target sm_90a" in ptx and ".entry nk_add" in ptx
+    assert ".target sm_80" in k.ptx(*args, BLOCK=1024, arch="sm_80")
+    sass = k.sass(*args, BLOCK=1024, arch="sm_90a")
+    assert "Function : nk_add" in sass and "LDG.E.128" in sass
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="without a GPU the default arch is sm_90a")
+def test_default_arch_without_a_gpu():
+    assert jit.default_arch() == "sm_90a"
+
+
+def test_newt_debug_prints_the_cuda(monkeypatch, capsys):
+    k = newtc.load(ADD).add
+    args = add_args()
+    monkeypatch.delenv("NEWT_DEBUG", raising=False)
+    src = k.source(*args, BLOCK=512)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("NEWT_DEBUG", "1")
+    assert k.source(*args, BLOCK=512) == src
+    err = capsys.readouterr().err
+    assert "// ---- newt: add" in err and "BLOCK" in err and "num_warps=4" in err
+    assert src in err
+
+
+# ---- the binary disk cache ------------------------------------------------------------------------
+ARCH = "sm_90a"
+
+
+def _binary(mod=None, arch=ARCH, **meta):
+    mod = mod or newtc.load(ADD)
+    x = torch.empty(1000)
+    return mod.add.binary((x, x, x, 1000), {"BLOCK": 1024, **meta}, arch)
+
+
+def counting_compile(monkeypatch) -> list:
+    calls, real = [], nvrtc.compile
+
+    def compile_(*a, **kw):
+        calls.append(a[2] if len(a) > 2 else kw.get("arch"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(nvrtc, "compile", compile_)
+    return calls
+
+
+def refuse_compile(monkeypatch) -> None:
+    def boom(*a, **kw):
+        raise AssertionError("compiled although the disk cache holds the binary")
+
+    monkeypatch.setattr(nvrtc, "compile", boom)
+
+
+def test_binary_is_written_then_read(fresh_cache, monkeypatch):
+    mod = newtc.load(ADD)  # may write its AST entry: count binaries only from here
+    before = entries(fresh_cache)
+    calls = counting_compile(monkeypatch)
+    b = _binary(mod)
+    assert calls == [ARCH]
+    assert len(entries(fresh_cache) - before) == 1
+    assert b.name == "nk_add" and b.cubin.startswith(b"\x7fELF") and b.threads == 128
+    assert b.param_types == [Ptr(f32), Ptr(f32), Ptr(f32), i32]
+    assert jit.Binary.unpack(b.pack()) == b
+
+    refuse_compile(monkeypatch)
+    assert _binary(mod) == b
+    monkeypatch.setattr(jit, "_disk", None)  # a new process would start with no DiskCache object
+    assert _binary(mod) == b
+
+
+def test_binary_key_separates_specializations(fresh_cache, monkeypatch):
+    calls = counting_compile(monkeypatch)
+    b90 = _binary()
+    b80 = _binary(arch="sm_80")
+    b8w = _binary(num_warps=8)
+    assert calls == [ARCH, "sm_80", ARCH]
+    assert b90.cubin != b80.cubin and b8w.threads == 256
+    assert len(entries(fresh_cache)) >= 3
+    refuse_compile(monkeypatch)
+    assert (_binary(), _binary(arch="sm_80"), _binary(num_warps=8)) == (b90, b80, b8w)
+
+
+def test_corrupted_entries_are_rebuilt(fresh_cache, monkeypatch):
+    good = _binary()
+    for path in fresh_cache.glob("*.bin"):
+        blob = bytearray(path.read_bytes())
+        for i in (0, len(blob) // 2, len(blob) - 1):
+            blob[i] ^= 0xFF
+        path.write_bytes(bytes(blob))
+    calls = counting_compile(monkeypatch)
+    again = _binary()
+    assert calls == [ARCH]
+    assert (again.name, again.threads, again.param_types) == (good.name, good.threads, good.param_types)
+    assert again.cubin.startswith(b"\x7fELF")
+    refuse_compile(monkeypatch)  # the rebuilt entry was written back
+    assert _binary() == again
+
+
+def test_checksummed_but_unreadable_entry_is_rebuilt(fresh_cache, monkeypatch):
+    mod = newtc.load(ADD)
+    before = entries(fresh_cache)
+    _binary(mod)
+    (name,) = entries(fresh_cache) - before
+    cache.DiskCache(fresh_cache).put(Path(name).stem, b"\x05\x00\x00\x00{bad}garbage")  # valid checksum
+    calls = counting_compile(monkeypatch)
+    b = _binary(mod)
+    assert calls == [ARCH] and b.cubin.startswith(b"\x7fELF")
+
+
+def test_newt_debug_prints_when_a_binary_is_compiled(fresh_cache, monkeypatch, capsys):
+    monkeypatch.setenv("NEWT_DEBUG", "1")
+    _binary()
+    assert "// ---- newt: add" in capsys.readouterr().err
+
+
+def _compile_in_process(cache_dir, barrier, results):
+    import os
+
+    os.environ["NEWT_CACHE_DIR"] = cache_dir
+    import newtc as nt
+    from newtc import jit as j
+
+    j._disk = None
+    mod = nt.load(ADD)
+    x = torch.empty(1000)
+    barrier.wait(60)  # both compile at the same moment
+    b = mod.add.binary((x, x, x, 1000), {"BLOCK": 1024}, ARCH)
+    results.put((b.name, b.cubin[:4], len(b.cubin)))
+
+
+def test_two_processes_compiling_at_once(fresh_cache, monkeypatch):
+    ctx = multiprocessing.get_context("spawn")  # fork from a threaded process can deadlock
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_compile_in_process, args=(str(fresh_cache), barrier, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    got = [results.get(timeout=5) for _ in procs]
+    assert got[0] == got[1] and got[0][:2] == ("nk_add", b"\x7fELF")
+    assert not list(fresh_cache.glob("*.tmp")) and not list(fresh_cache.glob(".*"))  # no temp files left
+    refuse_compile(monkeypatch)  # the entry they left is valid: this process reads it
+    b = _binary()
+    assert (b.name, b.cubin[:4], len(b.cubin)) == got[0]
+
+
+# ---- the AST cache --------------------------------------------------------------------------------
+def test_ast_cache_returns_an_equal_ast(fresh_cache, monkeypatch):
+    text = (STDLIB / "softmax.nk").read_text()
+    first = jit.parsed(text, "cached.nk")
+    assert first == syntax.parse(text, "cached.nk")
+    assert entries(fresh_cache)
+
+    def no_parse(*a, **kw):
+        raise AssertionError("parsed again although the AST is cached")
+
+    real_parse = syntax.parse
+    monkeypatch.setattr(syntax, "parse", no_parse)
+    SOURCES.pop("cached.nk", None)
+    second = jit.parsed(text, "cached.nk")
+    assert second == first and second is not first
+    assert SOURCES["cached.nk"] == text  # diagnostics can still quote the source
+    assert [d.name for d in second.defs] == ["softmax", "row_stats", "softmax_looped", "cross_entropy"]
+    # another file name is another entry
+    monkeypatch.setattr(syntax, "parse", real_parse)
+    assert jit.parsed(text, "other.nk").file == "other.nk"
+
+
+def test_damaged_ast_entry_is_parsed_again(fresh_cache):
+    text = ADD.read_text()
+    first = jit.parsed(text, "ast.nk")
+    for path in fresh_cache.glob("*.bin"):
+        path.write_bytes(path.read_bytes()[:-3])
+    assert jit.parsed(text, "ast.nk") == first
+
+
+# ---- CPU launches (the interpreter) ---------------------------------------------------------------
+def test_cpu_launch_matches_torch_and_leaves_masked_lanes():
+    add = newtc.load(ADD).add
+    n, block = 1000, 256
+    x, y = torch.randn(n), torch.randn(n)
+    out = torch.full((1024,), float("nan"))  # poisoned; 24 elements past n must stay poisoned
+    add[(cdiv(n, block),)](x, y, out, n, BLOCK=block)
+    assert torch.equal(out[:n], x + y)
+    assert out[n:].isnan().all()
+
+
+def test_grid_as_a_callable_of_meta():
+    add = newtc.load(ADD).add
+    n = 1000
+    x, y, out = torch.randn(n), torch.randn(n), torch.full((n,), float("nan"))
+    seen = []
+
+    def grid(meta):
+        seen.append(dict(meta))
+        return (cdiv(n, meta["BLOCK"]),)
+
+    add[grid](x, y, out, n, BLOCK=128)
+    assert seen and seen[0]["BLOCK"] == 128
+    assert torch.equal(out, x + y)
+    out.fill_(float("nan"))
+    add[lambda meta: (cdiv(n, meta["BLOCK"]),)](x, y, out, n, BLOCK=512, num_warps=2)
+    assert torch.equal(out, x + y)
+
+
+def test_constexpr_default_and_helper():
+    mod = newtc.compile(TWO, "two.nk")
+    x = torch.randn(100)
+    out = torch.empty(100)
+    mod.scale[(1,)](x, out, 100, BLOCK=128)
+    assert torch.equal(out, x)
+    mod.scale[(1,)](x, out, 100, BLOCK=128, TWICE=True)
+    assert torch.equal(out, x * 2)
+
+
+LOC = r"add\.nk:(\d+):(\d+): error: "
+
+
+def test_missing_constexpr_is_located():
+    add = newtc.load(ADD).add
+    with pytest.raises(NkError, match=LOC + "missing constexpr 'BLOCK'") as info:
+        add[(1,)](*add_args())
+    assert info.value.span.line == 2 and info.value.span.col == ADD.read_text().splitlines()[1].index("BLOCK") + 1
+
+
+@pytest.mark.parametrize("args", [lambda a: a[:3], lambda a: a + (5,)], ids=["too-few", "too-many"])
+def test_wrong_argument_count_is_located(args):
+    add = newtc.load(ADD).add
+    given = args(add_args())
+    msg = rf"kernel 'add' takes 4 runtime arguments \(x, y, out, n\), got {len(given)}"
+    with pytest.raises(NkError, match=LOC + msg):
+        add[(1,)](*given, BLOCK=256)
+
+
+def test_unknown_constexpr():
+    add = newtc.load(ADD).add
+    with pytest.raises(NkError, match=r"no constexpr parameter 'BLOK'") as info:
+        add[(1,)](*add_args(), BLOCK=256, BLOK=4)
+    assert "constexpr parameters: BLOCK" in str(info.value)
+    assert re.search(LOC, str(info.value))
+    with pytest.raises(NkError, match="no constexpr parameter 'n'"):  # runtime parameters are positional
+        add[(1,)](*add_args()[:3], BLOCK=256, n=1000)
+
+
+def test_unsupported_argument_type():
+    add = newtc.load(ADD).add
+    x, y, out, n = add_args()
+    with pytest.raises(NkError, match="cannot pass str"):
+        add[(1,)](x, y, out, "1000", BLOCK=256)
+
+
+# ---- 64-bit indices -------------------------------------------------------------------------------
+def test_needs_idx64_from_tensor_bytes():
+    big = torch.empty(2**31, dtype=torch.uint8, device="meta")  # no memory behind it
+    assert jit.needs_idx64([big, 3])
+    assert not jit.needs_idx64([torch.empty(2**31 - 1, dtype=torch.uint8, device="meta")])
+    assert jit.needs_idx64([torch.empty(2**29, dtype=torch.float32, device="meta")])  # 2 GiB of f32
+    assert not jit.needs_idx64([torch.empty(10), 2**40])  # a big int is an i64 argument, not a big tensor
+    assert jit.arg_type(2**40, False) == i64 and jit.arg_type(7, False) == i32 and jit.arg_type(7, True) == i64
+
+
+def test_idx64_specialization_has_i64_program_ids():
+    module = newtc.load(ADD).ast
+    sig = {"x": Ptr(f32), "y": Ptr(f32), "out": Ptr(f32), "n": i64}
+    text = ir.print_kernel(jit.typed_ir(module, "add", sig, {"BLOCK": 1024}, 4, 1, idx64=True))
+    assert "program_id() {axis=0} : i64" in text
+    assert re.search(r"%offs\d+ = add\(.*\) : i64\[1024\]", text)
+    narrow = ir.print_kernel(jit.typed_ir(module, "add", {**sig, "n": i32}, {"BLOCK": 1024}, 4, 1, idx64=False))
+    assert "program_id() {axis=0} : i32" in narrow
+
+
+def test_kernel_specializes_to_idx64_for_a_big_tensor():
+    big = torch.empty(2**31, dtype=torch.uint8, device="meta")
+    mod = newtc.compile(TWO, "two.nk")
+    text = mod.copy.ir(big, big, 2**31, BLOCK=1024)
+    assert "program_id() {axis=0} : i64" in text and "%n" in text and ": i64" in text.splitlines()[0]
+    small = torch.empty(16, dtype=torch.uint8)
+    assert "program_id() {axis=0} : i32" in mod.copy.ir(small, small, 16, BLOCK=1024)
+
+
+# ---- ops on CPU tensors (tests/test_ops.py has the rest) -------------------------------------------
+def test_ops_softmax_on_cpu():
+    x = torch.randn(37, 1000)
+    torch.testing.assert_close(ops.softmax(x), torch.softmax(x, dim=-1))
+
+
+def test_ops_add_broadcasts_on_cpu():
+    x, y = torch.randn(3, 333), torch.randn(333)
+    torch.testing.assert_close(ops.add(x, y), x + y, rtol=0, atol=0)
