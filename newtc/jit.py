@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gc
 import hashlib
 import json
@@ -33,7 +34,6 @@ _SRC = Path(__file__).resolve().parent
 # The compiler's own version: a hash of its source, so a changed compiler never reuses old binaries.
 VERSION = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_SRC.rglob("*.py")))).hexdigest()[:16]
 _disk = None
-_tls = threading.local()
 INTERPRET = flag("NEWT_INTERPRET")  # read once: the launch path stays free of lookups
 
 
@@ -130,6 +130,9 @@ CTYPE = {"bool": ctypes.c_bool, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32
          "u64": ctypes.c_uint64, "f32": ctypes.c_float, "f64": ctypes.c_double}
 
 
+CUDA_ERROR_INVALID_CONTEXT = 201
+
+
 class Launcher:
     """The per-signature launch path: argument storage and the pointer array are built once."""
 
@@ -156,8 +159,11 @@ class Launcher:
         try:
             rc = self.cu_launch(self.cu_func, *grid, self.threads, 1, 1, self.smem, self.cu_stream, self.params, None)
         except ctypes.ArgumentError:  # a grid of numpy or torch integers: only plain ints pass unconverted
-            rc = self.cu_launch(self.cu_func, *map(int, grid), self.threads, 1, 1, self.smem, self.cu_stream,
-                                self.params, None)
+            grid = tuple(map(int, grid))
+            rc = self.cu_launch(self.cu_func, *grid, self.threads, 1, 1, self.smem, self.cu_stream, self.params, None)
+        if rc == CUDA_ERROR_INVALID_CONTEXT:  # a thread where torch never made the context current
+            driver.set_device(self.device)
+            rc = self.cu_launch(self.cu_func, *grid, self.threads, 1, 1, self.smem, self.cu_stream, self.params, None)
         if rc:
             raise driver.CudaError("cuLaunchKernel", rc)
 
@@ -179,7 +185,7 @@ class Kernel:
         return f"<newt kernel {self.name} from {self.module.filename}>"
 
     def __getitem__(self, grid):
-        return lambda *args, **meta: self.run(grid, args, meta)
+        return functools.partial(self.run, grid)  # C-level binding: one Python frame per launch
 
     # ---- specialization ----------------------------------------------------------------------
     def split_meta(self, args, meta):
@@ -242,8 +248,8 @@ class Kernel:
         return b
 
     # ---- launching ---------------------------------------------------------------------------
-    def run(self, grid, args, meta) -> None:
-        # The hot path: one pass over the arguments builds the key; everything else is cached.
+    def run(self, grid, /, *args, **meta) -> None:
+        # The hot path, kept flat: one pass over the arguments builds the key and the values.
         key, values, device = [tuple(meta.items())], [], None
         for a in args:
             if isinstance(a, Tensor):
@@ -263,24 +269,18 @@ class Kernel:
         if device is None or device < 0 or INTERPRET:
             return self.interpret(grid, args, meta)
         key.append(device)
-        key = tuple(key)
-        launcher = self.launchers.get(key)
+        launcher = self.launchers.get(tuple(key))
         if launcher is None:
-            launcher = self.new_launcher(args, meta, device, key)
+            launcher = self.new_launcher(args, meta, device, tuple(key))
         if callable(grid):
             grid = grid(meta)
         if len(grid) != 3:
             grid = (*grid, 1, 1)[:3]
-        if _tls.__dict__.get("device") != device:
-            driver.set_device(device)
-            _tls.device = device
         launcher(grid, values, _stream(device))
-
     def new_launcher(self, args, meta, device: int, key) -> Launcher:
         with self.lock, gc_paused():
             if key not in self.launchers:
                 driver.set_device(device)
-                _tls.device = device
                 self.launchers[key] = Launcher(self.binary(args, meta, driver.arch(device)), device)
             return self.launchers[key]
 

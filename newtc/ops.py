@@ -99,7 +99,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     loss = torch.empty(rows, dtype=torch.float32, device=x2.device)
     block = min(_pow2(n), 4096)
     _stdlib("softmax").cross_entropy[(rows,)](x2, target.contiguous(), loss, n, x2.stride(0), BLOCK=block,
-                                              num_warps=8)
+                                              num_warps=4)
     return loss
 
 

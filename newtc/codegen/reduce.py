@@ -50,12 +50,16 @@ def reduce_regs(cg, kind: str, dt, xs: list[str], layout: Layout, axis: int, spa
     cg.emit(f"{t} {acc}[{n}];" + (f" int {idx}[{n}];" if arg else ""))
     stmts = []
     for i, js in sorted(groups.items()):
-        stmts.append(f"{acc}[{i}] = {cexpr.widen(xs[js[0]], dt)};")
-        if arg:
-            stmts.append(f"{idx}[{i}] = {cg.coord(layout, js[0], axis)};")
-        for j in js[1:]:
-            stmts.append(step(kind, f"{acc}[{i}]", f"{idx}[{i}]" if arg else None, cexpr.widen(xs[j], dt),
-                              cg.coord(layout, j, axis) if arg else None, dt))
+        level = [(cexpr.widen(xs[j], dt), cg.coord(layout, j, axis) if arg else None) for j in js]
+        while len(level) > 1:  # pairwise, as a tree: log2(n) dependent steps instead of a chain of n
+            pairs, level = level, []
+            for (a, ai), (b, bi) in zip(pairs[::2], pairs[1::2]):
+                r, ri = cg.fresh("r"), cg.fresh("ri") if arg else None
+                stmts.append(f"{t} {r} = {a};" + (f" int {ri} = {ai};" if arg else ""))
+                stmts.append(step(kind, r, ri, b, bi, dt))
+                level.append((r, ri))
+            level += pairs[len(pairs) - len(pairs) % 2:]
+        stmts.append(f"{acc}[{i}] = {level[0][0]};" + (f" {idx}[{i}] = {level[0][1]};" if arg else ""))
     cg.emit_all(stmts, per_line=2)
     for k, base in enumerate(layout.lane):
         if base & m:
