@@ -97,9 +97,13 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     x2 = _rows(logits)
     rows, n = x2.shape
     loss = torch.empty(rows, dtype=torch.float32, device=x2.device)
-    block = min(_pow2(n), 4096)
-    _stdlib("softmax").cross_entropy[(rows,)](x2, target.contiguous(), loss, n, x2.stride(0), BLOCK=block,
-                                              num_warps=4)
+    block = _pow2(n)
+    if block * x2.element_size() <= 65536:  # the row fits in registers: one read, like softmax
+        _stdlib("softmax").cross_entropy[(rows,)](x2, target.contiguous(), loss, n, x2.stride(0), BLOCK=block,
+                                                  WHOLE_ROW=True, num_warps=max(4, min(32, block // 1024)))
+    else:
+        _stdlib("softmax").cross_entropy[(rows,)](x2, target.contiguous(), loss, n, x2.stride(0), BLOCK=4096,
+                                                  num_warps=4)
     return loss
 
 
