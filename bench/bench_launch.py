@@ -39,8 +39,9 @@ def newt_launches(x, y, out):
 
     launch()
     fn, = add.launchers.values()
+    _, params = fn.buffer()  # this thread's argument buffer, already packed by the launch above
     stream = torch.cuda.current_stream().cuda_stream
-    return launch, lambda: driver.launch(fn.func, (1, 1, 1), fn.block, fn.smem, stream, fn.params)
+    return launch, lambda: driver.launch(fn.func, (1, 1, 1), (fn.threads, 1, 1), fn.smem, stream, params)
 
 
 def run(quick=False):

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import pickle
+import struct
 import sys
 import threading
 from dataclasses import dataclass
@@ -125,16 +126,14 @@ def needs_idx64(args) -> bool:
     return any(_is_tensor(a) and a.numel() * a.element_size() >= 2**31 for a in args)
 
 
-CTYPE = {"bool": ctypes.c_bool, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32,
-         "i64": ctypes.c_int64, "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32,
-         "u64": ctypes.c_uint64, "f32": ctypes.c_float, "f64": ctypes.c_double}
-
-
+# Each argument gets an 8-byte slot of one buffer, packed by a single struct call per launch.
+SLOT = {"bool": "?7x", "i8": "b7x", "i16": "h6x", "i32": "i4x", "i64": "q", "u8": "B7x", "u16": "H6x",
+        "u32": "I4x", "u64": "Q", "f32": "f4x", "f64": "d"}
 CUDA_ERROR_INVALID_CONTEXT = 201
 
 
 class Launcher:
-    """The per-signature launch path: argument storage and the pointer array are built once."""
+    """The per-signature launch path: the module, the function and the argument packing, built once."""
 
     def __init__(self, binary: Binary, device: int):
         driver.set_device(device)
@@ -142,28 +141,35 @@ class Launcher:
         self.func = driver.get_function(driver.load_module(binary.cubin), binary.name)
         if binary.smem_bytes > 48 * 1024:
             driver.set_max_dynamic_smem(self.func, binary.smem_bytes)
-        self.block = (binary.threads, 1, 1)
         self.threads = binary.threads
         self.smem = binary.smem_bytes
-        self.slots = [ctypes.c_void_p() if isinstance(t, Ptr) else CTYPE[t.name]() for t in binary.param_types]
-        self.params = (ctypes.c_void_p * len(self.slots))(*[ctypes.addressof(s) for s in self.slots])
+        self.packer = struct.Struct("<" + "".join("Q" if isinstance(t, Ptr) else SLOT[t.name]
+                                                  for t in binary.param_types))
+        self.nargs = len(binary.param_types)
+        self.buffers: dict = {}  # thread id -> (buffer, pointer array): concurrent launches never share one
         self.cu_launch = driver.fast_launch_function()
         self.cu_func = ctypes.c_void_p(self.func)
         self.stream, self.cu_stream = None, None
 
+    def buffer(self):
+        buf = ctypes.create_string_buffer(max(8, self.packer.size))
+        base = ctypes.addressof(buf)
+        params = (ctypes.c_void_p * self.nargs)(*[base + 8 * k for k in range(self.nargs)])
+        return self.buffers.setdefault(threading.get_ident(), (buf, params))
+
     def __call__(self, grid, values, stream: int) -> None:
-        for slot, v in zip(self.slots, values):
-            slot.value = v
+        buf, params = self.buffers.get(threading.get_ident()) or self.buffer()
+        self.packer.pack_into(buf, 0, *values)
         if stream != self.stream:
             self.stream, self.cu_stream = stream, ctypes.c_void_p(stream)
         try:
-            rc = self.cu_launch(self.cu_func, *grid, self.threads, 1, 1, self.smem, self.cu_stream, self.params, None)
+            rc = self.cu_launch(self.cu_func, *grid, self.threads, 1, 1, self.smem, self.cu_stream, params, None)
         except ctypes.ArgumentError:  # a grid of numpy or torch integers: only plain ints pass unconverted
             grid = tuple(map(int, grid))
-            rc = self.cu_launch(self.cu_func, *grid, self.threads, 1, 1, self.smem, self.cu_stream, self.params, None)
+            rc = self.cu_launch(self.cu_func, *grid, self.threads, 1, 1, self.smem, self.cu_stream, params, None)
         if rc == CUDA_ERROR_INVALID_CONTEXT:  # a thread where torch never made the context current
             driver.set_device(self.device)
-            rc = self.cu_launch(self.cu_func, *grid, self.threads, 1, 1, self.smem, self.cu_stream, self.params, None)
+            rc = self.cu_launch(self.cu_func, *grid, self.threads, 1, 1, self.smem, self.cu_stream, params, None)
         if rc:
             raise driver.CudaError("cuLaunchKernel", rc)
 
