@@ -8,6 +8,7 @@ import argparse
 import datetime
 import importlib
 import math
+import os
 import subprocess
 
 import common
@@ -25,8 +26,10 @@ def header() -> str:
     except ImportError:
         triton_version = "not installed"
     git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=common.ROOT, capture_output=True, text=True)
+    # the device machine gets the working tree without .git: pass the commit as NEWT_COMMIT there
+    commit = git.stdout.strip() or os.environ.get("NEWT_COMMIT", "none")
     return (f"{datetime.date.today()}, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-            f"Triton {triton_version}, commit {git.stdout.strip() or 'none'}, newt compiler {newtc.jit.VERSION}")
+            f"Triton {triton_version}, commit {commit}, newt compiler {newtc.jit.VERSION}")
 
 
 def summary(tables: list[Table]) -> Table:
