@@ -18,6 +18,7 @@ examples:
   newtc stdlib/add.nk --sig x=*f32,y=*f32,out=*f32,n=i32 -D BLOCK=1024 --emit sass  # SASS for sm_90a
   newtc stdlib/add.nk --sig x=*f16,y=*f16,out=*f16,n=i32 -D BLOCK=512 --emit cubin -o add.cubin
   cat k.nk | newtc - -k scale --sig x=*f32,n=i32 -D BLOCK=256 --emit ir
+  newtc stdlib/add.nk --sig x=*f32,y=*f32,out=*f32,n=i32 -D BLOCK=1024 --aligned all --emit sass
   newtc --check stdlib/add.nk                                                      # diagnostics only
 
 exit status: 0 ok, 1 an error in the input (shown as FILE:LINE:COL diagnostics), 2 bad usage.
@@ -33,6 +34,9 @@ def parser() -> argparse.ArgumentParser:
                    help="a constexpr parameter: a Python literal (1024, 0.5, True, 'sum') or a dtype (f16)")
     p.add_argument("--sig", action="append", default=[], metavar="NAME=TYPE,...",
                    help="types of runtime parameters, as in the language: *f32, i32, ...")
+    p.add_argument("--aligned", default="", metavar="NAME,...|all",
+                   help="parameters to specialize as 16-byte aligned pointers / multiples of 16, as a launch "
+                        "with such arguments would (default: none; 'all' for every runtime parameter)")
     p.add_argument("--num-warps", type=int, default=4, metavar="N")
     p.add_argument("--num-stages", type=int, default=1, metavar="N")
     p.add_argument("--arch", default="sm_90a", help="GPU architecture for ptx/cubin/sass (default: sm_90a)")
@@ -126,7 +130,8 @@ def emit(args, module: A.Module, filename: str):
     if no_value:
         p = no_value[0]
         raise NkError(f"missing constexpr '{p.name}' for kernel '{d.name}'", p.span, f"pass -D {p.name}=VALUE")
-    k = jit.typed_ir(module, d.name, sig, consts, args.num_warps, args.num_stages, False)
+    aligned = frozenset(sig) if args.aligned == "all" else frozenset(filter(None, args.aligned.split(",")))
+    k = jit.typed_ir(module, d.name, sig, consts, args.num_warps, args.num_stages, False, aligned)
     if args.emit == "ir":
         return ir.print_kernel(k)
     gen = jit.cuda_source(k, filename)

@@ -172,3 +172,12 @@ def test_cubin_to_stdout_when_redirected(tmp_path):
                           capture_output=True, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(b"\x7fELF")
+
+
+def test_aligned_specialization_gives_bare_vector_accesses(capsys):
+    args = [ADD, *ADD_SPEC, "--emit", "cuda"]
+    assert main(args) == 0
+    checked = capsys.readouterr().out
+    assert main(args + ["--aligned", "all"]) == 0
+    proven = capsys.readouterr().out
+    assert "& 15) == 0" in checked and "& 15) == 0" not in proven

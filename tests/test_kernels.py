@@ -1,0 +1,83 @@
+"""Kernels beyond the stdlib ops, on both targets: the interpreter on the CPU and (marker gpu) the GPU.
+
+Each compares with torch on fresh random inputs, outputs poisoned with NaN (or -1) first.
+"""
+import pytest
+import torch
+
+import newtc
+from newtc import jit, nvrtc
+
+MATMUL = """\
+# C = A @ B with a K loop: the CUDA-core dot on small tiles.
+kernel matmul(a, b, c, M, N, K, BM: constexpr, BN: constexpr, BK: constexpr):
+    rm = program_id(0) * BM + arange(0, BM)
+    rn = program_id(1) * BN + arange(0, BN)
+    acc = zeros([BM, BN], f32)
+    for k in range(0, K, BK):
+        rk = k + arange(0, BK)
+        x = load(a + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+        y = load(b + rk[:, None] * N + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc += dot(x, y)
+    store(c + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+# Per row: the index of the largest element (first one on ties).
+kernel row_argmax(x, out, n_cols, BLOCK: constexpr):
+    row = program_id(0)
+    cols = arange(0, BLOCK)
+    v = load(x + row * n_cols + cols, mask=cols < n_cols, other=-inf)
+    store(out + row, argmax(v, axis=0))
+
+# A histogram: many lanes add to the same bins.
+kernel histogram(x, bins, n, BLOCK: constexpr):
+    offs = program_id(0) * BLOCK + arange(0, BLOCK)
+    atomic_add(bins + load(x + offs, mask=offs < n, other=0), 1, mask=offs < n)
+"""
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return newtc.compile(MATMUL, "kernels.nk")
+
+
+def devices():
+    return ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_matmul_with_dot(mod, device, dtype):
+    M, N, K = (37, 45, 70) if device == "cpu" else (300, 257, 190)
+    a = torch.randn(M, K, device=device).to(dtype)
+    b = torch.randn(K, N, device=device).to(dtype)
+    c = torch.full((M, N), float("nan"), device=device)
+    mod.matmul[(-(-M // 16), -(-N // 16))](a, b, c, M, N, K, BM=16, BN=16, BK=16)
+    ref = a.double() @ b.double()
+    err = (c.double() - ref).norm() / ref.norm()
+    assert torch.isfinite(c).all() and err < 1e-5
+
+
+@pytest.mark.parametrize("device", devices())
+def test_row_argmax(mod, device):
+    x = torch.randn(33, 1000, device=device)
+    x[5, 10] = x[5, 900] = 100.0  # a tie: the first index wins, as in torch
+    out = torch.full((33,), -1, dtype=torch.int32, device=device)
+    mod.row_argmax[(33,)](x, out, 1000, BLOCK=1024)
+    assert torch.equal(out.long(), torch.argmax(x, dim=1))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_histogram_atomics(mod, device):
+    n = 5000 if device == "cpu" else 1_000_003
+    x = torch.randint(0, 16, (n,), dtype=torch.int32, device=device)
+    bins = torch.zeros(16, dtype=torch.int32, device=device)
+    mod.histogram[(-(-n // 1024),)](x, bins, n, BLOCK=1024)
+    assert torch.equal(bins.long(), torch.bincount(x.long(), minlength=16))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_dot_compiles_without_local_memory(mod, arch):
+    a = torch.randn(16, 16)
+    k = mod.matmul.typed((a, a, a, 16, 16, 16), dict(BM=16, BN=16, BK=16))
+    sass = nvrtc.disassemble(nvrtc.compile(jit.cuda_source(k, "kernels.nk").source, "nk_matmul", arch).cubin)
+    assert "FFMA" in sass and "LDL" not in sass and "STL" not in sass
