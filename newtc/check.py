@@ -589,9 +589,6 @@ class Checker:
         for n, v in zip(carried, op.results):
             self.env[n] = v
 
-    def stmt_Subscript(self, s):
-        raise NkError("unexpected subscript statement", s.span)
-
     # ---- helpers -----------------------------------------------------------------------------
     def inline(self, d: A.FuncDef, args, kwargs, span: Span):
         if self.depth > 32:

@@ -26,6 +26,7 @@ _SIGNATURES = {
     "cuDeviceGetAttribute": (POINTER(c_int), c_int, c_int),
     "cuDevicePrimaryCtxRetain": (POINTER(c_void_p), c_int),
     "cuCtxSetCurrent": (c_void_p,),
+    "cuCtxGetCurrent": (POINTER(c_void_p),),
     "cuModuleLoadData": (POINTER(c_void_p), c_char_p),
     "cuModuleGetFunction": (POINTER(c_void_p), c_void_p, c_char_p),
     "cuFuncSetAttribute": (c_void_p, c_int, c_int),
@@ -130,6 +131,16 @@ def set_device(device: int) -> int:
         ctx = _contexts.setdefault(device, handle.value)
     _check(_cuda().cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
     return ctx
+
+
+def current_context() -> int | None:
+    ctx = c_void_p()
+    _check(_cuda().cuCtxGetCurrent(byref(ctx)), "cuCtxGetCurrent")
+    return ctx.value
+
+
+def set_context(ctx: int | None) -> None:
+    _check(_cuda().cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
 def load_module(cubin: bytes) -> int:

@@ -129,14 +129,14 @@ def needs_idx64(args) -> bool:
 # Each argument gets an 8-byte slot of one buffer, packed by a single struct call per launch.
 SLOT = {"bool": "?7x", "i8": "b7x", "i16": "h6x", "i32": "i4x", "i64": "q", "u8": "B7x", "u16": "H6x",
         "u32": "I4x", "u64": "Q", "f32": "f4x", "f64": "d"}
-CUDA_ERROR_INVALID_CONTEXT = 201
+WRONG_CONTEXT = (201, 400)  # CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE
 
 
 class Launcher:
     """The per-signature launch path: the module, the function and the argument packing, built once."""
 
     def __init__(self, binary: Binary, device: int):
-        driver.set_device(device)
+        """Built with the device's context current."""
         self.device = device
         self.func = driver.get_function(driver.load_module(binary.cubin), binary.name)
         if binary.smem_bytes > 48 * 1024:
@@ -167,9 +167,13 @@ class Launcher:
         except ctypes.ArgumentError:  # a grid of numpy or torch integers: only plain ints pass unconverted
             grid = tuple(map(int, grid))
             rc = self.cu_launch(self.cu_func, *grid, self.threads, 1, 1, self.smem, self.cu_stream, params, None)
-        if rc == CUDA_ERROR_INVALID_CONTEXT:  # a thread where torch never made the context current
+        if rc in WRONG_CONTEXT:  # another device's context is current (or none): switch for this launch only
+            previous = driver.current_context()
             driver.set_device(self.device)
-            rc = self.cu_launch(self.cu_func, *grid, self.threads, 1, 1, self.smem, self.cu_stream, params, None)
+            try:
+                rc = self.cu_launch(self.cu_func, *grid, self.threads, 1, 1, self.smem, self.cu_stream, params, None)
+            finally:
+                driver.set_context(previous)  # torch reads its current device from the current context
         if rc:
             raise driver.CudaError("cuLaunchKernel", rc)
 
@@ -283,11 +287,17 @@ class Kernel:
         if len(grid) != 3:
             grid = (*grid, 1, 1)[:3]
         launcher(grid, values, _stream(device))
+
     def new_launcher(self, args, meta, device: int, key) -> Launcher:
         with self.lock, gc_paused():
             if key not in self.launchers:
+                binary = self.binary(args, meta, driver.arch(device))
+                previous = driver.current_context()  # the module loads into the device's own context
                 driver.set_device(device)
-                self.launchers[key] = Launcher(self.binary(args, meta, driver.arch(device)), device)
+                try:
+                    self.launchers[key] = Launcher(binary, device)
+                finally:
+                    driver.set_context(previous)
             return self.launchers[key]
 
     def interpret(self, grid, args, meta) -> None:

@@ -92,3 +92,26 @@ def test_elementwise_and_transpose(device, dtype):
     close(ops.bias_gelu(x, b), F.gelu(x.float() + b.float()), dtype)
     close(ops.transpose(x), x.float().t(), dtype)
     close(ops.transpose(x[:, 3:700]), x[:, 3:700].float().t(), dtype)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_looped_kernels_with_small_blocks(device, dtype):
+    """The looped variants serve rows too long for registers; small blocks exercise them on any row."""
+    rows, n, block = 3, 1000, 128
+    x = torch.randn(rows, n, device=device).to(dtype)
+    sm, nm = ops._stdlib("softmax"), ops._stdlib("norm")
+    for log, ref in ((False, torch.softmax(x.float(), -1)), (True, torch.log_softmax(x.float(), -1))):
+        out = torch.empty_like(x)
+        sm.softmax_looped[(rows,)](x, out, n, n, BLOCK=block, LOG=log)
+        close(out, ref, dtype)
+    w, b = torch.randn(n, device=device).to(dtype), torch.randn(n, device=device).to(dtype)
+    for rms, ref in ((False, F.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)),
+                     (True, F.rms_norm(x.float(), (n,), w.float(), 1e-5))):
+        out = torch.empty_like(x)
+        nm.norm_looped[(rows,)](x, w, b, out, n, n, n, 1e-5, BLOCK=block, RMS=rms)
+        close(out, ref, dtype)
+    t = torch.randint(0, n, (rows,), device=device)
+    loss = torch.empty(rows, device=device)
+    sm.cross_entropy[(rows,)](x, t, loss, n, n, BLOCK=block)
+    close(loss, F.cross_entropy(x.float(), t, reduction="none"), torch.float32)

@@ -15,7 +15,6 @@ from .. import ir
 from ..errors import NkError
 from ..layout import Layout, dim_bits, log2, remap, rename
 from ..passes.layouts import LayoutPlan
-from ..types import Ptr
 from . import cexpr
 from .prelude import PRELUDE
 
@@ -366,5 +365,3 @@ def view_source_layout(op: ir.Op, layout: Layout) -> Layout:
 def generate(k: ir.Kernel, filename: str) -> Generated:
     return Codegen(k, filename).generate()
 
-
-__all__ = ["generate", "Generated", "Ptr"]
