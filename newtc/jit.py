@@ -286,6 +286,8 @@ class Kernel:
             grid = grid(meta)
         if len(grid) != 3:
             grid = (*grid, 1, 1)[:3]
+        if 0 in grid:  # an empty grid (empty tensors) launches nothing; the driver would call it invalid
+            return
         launcher(grid, values, _stream(device))
 
     def new_launcher(self, args, meta, device: int, key) -> Launcher:

@@ -5,6 +5,9 @@ Nothing here needs a GPU: binaries come from NVRTC for a named arch, launches ru
 from __future__ import annotations
 
 import multiprocessing
+import os
+import subprocess
+import sys
 import re
 from pathlib import Path
 
@@ -421,3 +424,29 @@ def test_ops_softmax_on_cpu():
 def test_ops_add_broadcasts_on_cpu():
     x, y = torch.randn(3, 333), torch.randn(333)
     torch.testing.assert_close(ops.add(x, y), x + y, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("0", False), ("", False), ("yes", True)])
+def test_newt_interpret_flag_is_read_at_import(value, on):
+    code = "import newtc.jit as j; print(j.INTERPRET)"
+    env = {**os.environ, "NEWT_INTERPRET": value, "PYTHONPATH": str(Path(newtc.__file__).parent.parent)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.stdout.strip() == str(on), done.stderr
+
+
+@pytest.mark.gpu
+def test_interpret_flag_runs_cuda_tensors_on_the_host_and_copies_back():
+    code = ("import torch, newtc; m = newtc.load('stdlib/add.nk'); x = torch.randn(1000, device='cuda'); "
+            "out = torch.full_like(x, float('nan')); m.add[(1,)](x, x, out, 1000, BLOCK=1024); "
+            "assert torch.equal(out, x + x); print('ok')")
+    root = Path(newtc.__file__).parent.parent
+    env = {**os.environ, "NEWT_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=root)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+@pytest.mark.gpu
+def test_empty_grid_launches_nothing():
+    x = torch.randn(0, device="cuda")
+    newtc.load(Path(newtc.__file__).parent.parent / "stdlib" / "add.nk").add[(0,)](x, x, x, 0, BLOCK=1024)
+    assert newtc.ops.softmax(torch.randn(0, 7, device="cuda")).shape == (0, 7)
