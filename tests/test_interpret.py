@@ -490,30 +490,6 @@ def test_softmax_rows(dt):
     assert out[:, cols:].isnan().all()
 
 
-MATMUL = """\
-kernel matmul(a, b, c, M, N, K, BM: constexpr, BN: constexpr, BK: constexpr):
-    rm = program_id(0) * BM + arange(0, BM)
-    rn = program_id(1) * BN + arange(0, BN)
-    acc = zeros([BM, BN], f32)
-    for k in range(0, K, BK):
-        rk = k + arange(0, BK)
-        x = load(a + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
-        y = load(b + rk[:, None] * N + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
-        acc += dot(x, y)
-    store(c + rm[:, None] * N + rn[None, :], acc.to(f16), mask=(rm[:, None] < M) & (rn[None, :] < N))
-"""
-
-
-def test_matmul_loop_with_masks():
-    m, n, kk = 50, 70, 90
-    a, b = torch.randn(m, kk, dtype=torch.float16), torch.randn(kk, n, dtype=torch.float16)
-    c = torch.full((m, n), float("nan"), dtype=torch.float16)
-    sig = {"a": "*f16", "b": "*f16", "c": "*f16", "M": "i32", "N": "i32", "K": "i32"}
-    k = nk(MATMUL, "matmul", sig, BM=32, BN=32, BK=32)
-    interpret.run(k, (cdiv(m, 32), cdiv(n, 32), 1), [a, b, c, m, n, kk])
-    torch.testing.assert_close(c.float(), (a.float() @ b.float()).half().float(), atol=2e-2, rtol=1e-2)
-
-
 def test_nk_out_of_bounds_points_at_the_line():
     src = """\
 kernel copy(x, out, n, BLOCK: constexpr):
