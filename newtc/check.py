@@ -145,6 +145,10 @@ class Checker:
             value = bool(value)
         else:
             value = int(value)
+            lo, hi = (0, 1 << dtype.bits) if dtype.kind == "u" else (-(1 << dtype.bits - 1), 1 << dtype.bits - 1)
+            if not lo <= value < hi:
+                raise NkError(f"the integer {value} does not fit in {dtype}", span,
+                              f"{dtype} holds {lo} to {hi - 1}; convert the other operand first, e.g. x.to(i64)")
         return self.emit("const", [], Type((), dtype), span, {"value": value})
 
     def value(self, v, span: Span, dtype: DType | None = None) -> ir.Value:
@@ -385,8 +389,10 @@ class Checker:
             bound = sig.bind(self, span, *args, **kwargs)
         except TypeError as err:
             params = [p for p in list(sig.parameters)[2:] if p != "_name"]
+            close = [m for k in kwargs if k not in params for m in difflib.get_close_matches(k, params, n=1)]
+            hint = f"did you mean '{close[0]}'? " if close else ""
             raise NkError(f"{name}(): {str(err).replace(fn.__name__ + '()', '').strip()}", span,
-                          f"signature: {name}({', '.join(params)})") from None
+                          f"{hint}signature: {name}({', '.join(params)})") from None
         if "_name" in sig.parameters:
             bound.arguments["_name"] = name
         return fn(*bound.args, **bound.kwargs)

@@ -21,6 +21,7 @@ from .paths import data_dir
 
 def parse(text: str, filename: str = "<string>") -> ast.Module:
     """Parse one .nk file; raises NkError on a syntax error."""
+    text = text.removeprefix("\ufeff")  # a byte-order mark some editors write is not code
     SOURCES[filename] = text
     parser = _parser()
     parser.options.postlex.file = filename

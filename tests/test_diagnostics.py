@@ -466,3 +466,13 @@ def test_runtime_value_in_a_list_shape():
 def test_return_in_a_kernel_points_at_the_return():
     err = launch_error("kernel k(x):\n    pass\n    return 1\n", "kret.nk", x4())
     assert_diagnostic(err, "kret.nk", 3, 5, "a kernel cannot return a value")
+
+
+def test_integer_literal_that_does_not_fit_its_operand():
+    err = typing_error("y = n + 4294967297\n", "wide.nk")
+    assert_diagnostic(err, "wide.nk", 2, 9, "does not fit in i32")
+
+
+def test_misspelled_keyword_suggests_the_parameter():
+    err = typing_error("y = load(x, maks=n > 0)\n", "kw.nk")
+    assert "did you mean 'mask'" in err.render(color=False)
