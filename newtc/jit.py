@@ -241,7 +241,7 @@ class Kernel:
 
     def binary(self, args, meta, arch: str) -> Binary:
         sig, consts, nw, ns, idx64, aligned = self.specialize(args, meta)
-        key = cache.key(VERSION, self.module.text, self.name, repr(sorted((k, v.name) for k, v in sig.items())),
+        key = cache.key(VERSION, self.module.filename, self.module.text, self.name, repr(sorted((k, v.name) for k, v in sig.items())),
                         repr(sorted(consts.items())), str(nw), str(ns), str(idx64), repr(sorted(aligned)), arch,
                         repr(nvrtc.version()))
         data = disk_cache().get(key)
