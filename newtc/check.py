@@ -763,15 +763,24 @@ def _full(c: Checker, span, shape, value, dtype=f32):
     return c.to_shape(v, shape, span)
 
 
+def need_pointer(ptr, what: str, span: Span) -> None:
+    if not isinstance(ptr, ir.Value) or not isinstance(ptr.type.dtype, Ptr):
+        raise NkError(f"{what} needs a pointer, got {describe(ptr)}", span)
+
+
+def memory_mask(c: Checker, mask, shape: tuple, span: Span):
+    """A load/store/atomic mask as bool, and the access shape it broadcasts with."""
+    if mask is None:
+        return None, shape
+    mask = c.value(mask, span, bool_)
+    shape = broadcast_shapes(shape, mask.type.shape, span)
+    return c.to_shape(c.truth(mask, span), shape, span), shape
+
+
 @builtin("load")
 def _load(c: Checker, span, ptr, mask=None, other=None):
-    if not isinstance(ptr, ir.Value) or not isinstance(ptr.type.dtype, Ptr):
-        raise NkError(f"load() needs a pointer, got {describe(ptr)}", span)
-    shape = ptr.type.shape
-    if mask is not None:
-        mask = c.value(mask, span, bool_)
-        shape = broadcast_shapes(shape, mask.type.shape, span)
-        mask = c.to_shape(c.truth(mask, span), shape, span)
+    need_pointer(ptr, "load()", span)
+    mask, shape = memory_mask(c, mask, ptr.type.shape, span)
     elem = ptr.type.dtype.elem
     if other is not None:
         if mask is None:
@@ -783,14 +792,10 @@ def _load(c: Checker, span, ptr, mask=None, other=None):
 
 @builtin("store")
 def _store(c: Checker, span, ptr, value, mask=None):
-    if not isinstance(ptr, ir.Value) or not isinstance(ptr.type.dtype, Ptr):
-        raise NkError(f"store() needs a pointer, got {describe(ptr)}", span)
+    need_pointer(ptr, "store()", span)
     value = c.value(value, span, ptr.type.dtype.elem)
     shape = broadcast_shapes(ptr.type.shape, value.type.shape, span)
-    if mask is not None:
-        mask = c.value(mask, span, bool_)
-        shape = broadcast_shapes(shape, mask.type.shape, span)
-        mask = c.to_shape(c.truth(mask, span), shape, span)
+    mask, shape = memory_mask(c, mask, shape, span)
     if ptr.type.shape and broadcast_shapes(ptr.type.shape, value.type.shape, span) != ptr.type.shape:
         raise NkError(f"store() of a {value.type} value through a {ptr.type} pointer block", span,
                       "the value must broadcast to the pointer's shape")
@@ -809,8 +814,7 @@ def _atomic_cas(c: Checker, span, ptr, cmp, val, mask=None):
 
 
 def atomic(c: Checker, span, kind, ptr, vals, mask):
-    if not isinstance(ptr, ir.Value) or not isinstance(ptr.type.dtype, Ptr):
-        raise NkError(f"atomics need a pointer, got {describe(ptr)}", span)
+    need_pointer(ptr, "an atomic", span)
     elem = ptr.type.dtype.elem
     if elem.bits < 32 and kind != "cas" or elem == bool_:
         raise NkError(f"atomic_{kind} on {elem} is not supported", span, "use 32- or 64-bit elements")
@@ -818,10 +822,7 @@ def atomic(c: Checker, span, kind, ptr, vals, mask):
     shape = ptr.type.shape
     for v in vals:
         shape = broadcast_shapes(shape, v.type.shape, span)
-    if mask is not None:
-        mask = c.value(mask, span, bool_)
-        shape = broadcast_shapes(shape, mask.type.shape, span)
-        mask = c.to_shape(c.truth(mask, span), shape, span)
+    mask, shape = memory_mask(c, mask, shape, span)
     args = [c.to_shape(ptr, shape, span)] + [c.to_shape(v, shape, span) for v in vals] + [mask]
     return c.emit("atomic", args, Type(shape, elem), span, {"kind": kind})
 
