@@ -1,7 +1,7 @@
 """C types and the C expression of each elementwise op, one register at a time."""
 from __future__ import annotations
 
-from ..types import DType, Ptr, bf16, f16, f64
+from ..types import DType, Ptr, bf16, f16, f32, f64, i32, u32
 
 CTYPES = {"bool": "bool", "i8": "signed char", "i16": "short", "i32": "int", "i64": "long long",
           "u8": "unsigned char", "u16": "unsigned short", "u32": "unsigned", "u64": "unsigned long long",
@@ -20,13 +20,13 @@ def ctype(dt) -> str:
     return CTYPES[dt.name]
 
 
-def compute_type(dt: DType) -> str:
-    """The C type arithmetic happens in: f32 for 16-bit floats, int for narrow integers (as C promotes)."""
+def accumulator(dt: DType) -> DType:
+    """The dtype a reduction accumulates in: f32 for 16-bit floats, 32 bits for narrow integers (as C promotes)."""
     if dt in HALF:
-        return "float"
+        return f32
     if dt.kind == "b" or (dt.is_int and dt.bits < 32):
-        return "unsigned" if dt.kind == "u" else "int"
-    return ctype(dt)
+        return u32 if dt.kind == "u" else i32
+    return dt
 
 
 def widen(x: str, dt) -> str:

@@ -6,12 +6,7 @@ from __future__ import annotations
 from .. import ir
 from ..errors import NkError
 from ..layout import Layout, axis_mask, pure, remap, slice_layout
-from ..types import f32
 from . import cexpr
-
-
-def acc_type(dt) -> str:
-    return cexpr.compute_type(dt)
 
 
 def better(kind: str, a: str, b: str) -> str:
@@ -19,17 +14,13 @@ def better(kind: str, a: str, b: str) -> str:
     return f"{b} > {a}" if kind in ("max", "argmax") else f"{b} < {a}"
 
 
-def combine(kind: str, a: str, b: str, dt) -> str:
-    if kind == "sum":
-        return f"{a} + {b}"
-    fn = ("fmax" if kind == "max" else "fmin") + ("" if dt.bits == 64 else "f") if dt.is_float else None
-    return f"{fn}({a}, {b})" if fn else f"({better(kind, a, b)} ? {b} : {a})"
+COMBINE = {"sum": "add", "max": "maximum", "min": "minimum"}  # the elementwise op each reduction folds with
 
 
 def step(kind: str, acc: str, idx: str | None, b: str, bi: str | None, dt) -> str:
-    """One statement folding value b (index bi) into acc (index idx)."""
+    """One statement folding value b (index bi) into acc (index idx); dt is the accumulator dtype."""
     if idx is None:
-        return f"{acc} = {combine(kind, acc, b, dt)};"
+        return f"{acc} = {cexpr.elementwise(COMBINE[kind], [dt, dt], dt, [acc, b])};"
     return f"if ({better(kind, acc, b)} || ({b} == {acc} && {bi} < {idx})) {{ {acc} = {b}; {idx} = {bi}; }}"
 
 
@@ -39,7 +30,8 @@ def reduce_regs(cg, kind: str, dt, xs: list[str], layout: Layout, axis: int, spa
     m = axis_mask(layout.shape, axis)
     if not pure(layout, m):
         raise NkError("internal: reduction over a layout that mixes the axis with other dims", span)
-    t = acc_type(dt)
+    adt = cexpr.accumulator(dt)
+    t = cexpr.ctype(adt)
     arg = kind in ("argmax", "argmin")
     keep = [b for b, base in enumerate(layout.reg) if not base & m]
     groups: dict[int, list[int]] = {}
@@ -56,7 +48,7 @@ def reduce_regs(cg, kind: str, dt, xs: list[str], layout: Layout, axis: int, spa
             for (a, ai), (b, bi) in zip(pairs[::2], pairs[1::2]):
                 r, ri = cg.fresh("r"), cg.fresh("ri") if arg else None
                 stmts.append(f"{t} {r} = {a};" + (f" int {ri} = {ai};" if arg else ""))
-                stmts.append(step(kind, r, ri, b, bi, dt))
+                stmts.append(step(kind, r, ri, b, bi, adt))
                 level.append((r, ri))
             level += pairs[len(pairs) - len(pairs) % 2:]
         stmts.append(f"{acc}[{i}] = {level[0][0]};" + (f" {idx}[{i}] = {level[0][1]};" if arg else ""))
@@ -67,7 +59,7 @@ def reduce_regs(cg, kind: str, dt, xs: list[str], layout: Layout, axis: int, spa
                 o = f"__shfl_xor_sync(0xffffffffu, {acc}[{i}], {1 << k})"
                 oi = f"__shfl_xor_sync(0xffffffffu, {idx}[{i}], {1 << k})" if arg else None
                 cg.emit(f"{{ {t} o = {o};" + (f" int oi = {oi};" if arg else "") + " "
-                        + step(kind, f"{acc}[{i}]", f"{idx}[{i}]" if arg else None, "o", "oi" if arg else None, dt) + " }")
+                        + step(kind, f"{acc}[{i}]", f"{idx}[{i}]" if arg else None, "o", "oi" if arg else None, adt) + " }")
     wbits = [k for k, base in enumerate(layout.warp) if base & m]
     if wbits:
         out = slice_layout(layout, axis)
@@ -89,7 +81,7 @@ def reduce_regs(cg, kind: str, dt, xs: list[str], layout: Layout, axis: int, spa
             stmts = [f"{acc}[{i}] = {buf}[{f}];" + (f" {idx}[{i}] = {ibuf}[{f}];" if arg else "")]
             for s in range(1, slots):
                 stmts.append(step(kind, f"{acc}[{i}]", f"{idx}[{i}]" if arg else None, f"{buf}[{s * numel} + {f}]",
-                                  f"{ibuf}[{s * numel} + {f}]" if arg else None, dt))
+                                  f"{ibuf}[{s * numel} + {f}]" if arg else None, adt))
             cg.emit_all(stmts, per_line=2)
     return [f"{acc}[{i}]" for i in range(n)], ([f"{idx}[{i}]" for i in range(n)] if arg else None)
 
@@ -111,7 +103,7 @@ def dot(cg, op: ir.Op) -> None:
     xb = cg.regs(b, remap(l3, b.type.shape, lambda c: (c[1], c[2])))
     dt = a.type.dtype
     prods = [f"({cexpr.widen(p, dt)} * {cexpr.widen(q, dt)})" for p, q in zip(xa, xb)]
-    sums, _ = reduce_regs(cg, "sum", f32 if dt.is_float and dt.bits < 64 else dt, prods, l3, 1, op.span)
+    sums, _ = reduce_regs(cg, "sum", cexpr.accumulator(dt), prods, l3, 1, op.span)
     res = op.result
     init = cg.regs(acc, res.layout)
     out = res.type.dtype
