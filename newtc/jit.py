@@ -123,7 +123,7 @@ def aligned_params(params, args) -> frozenset:
 
 def needs_idx64(args) -> bool:
     """Offsets overflow 32 bits when a tensor spans 2 GiB or more: specialize to 64-bit indices."""
-    return any(_is_tensor(a) and a.numel() * a.element_size() >= 2**31 for a in args)
+    return any(_is_tensor(a) and a.nbytes >= 2**31 for a in args)
 
 
 # Each argument gets an 8-byte slot of one buffer, packed by a single struct call per launch.
@@ -188,7 +188,6 @@ class Kernel:
         self.runtime = [p for p in d.params if not check.is_constexpr_annot(p.annotation)]
         self.constexpr_names = {p.name for p in d.params if check.is_constexpr_annot(p.annotation)}
         self.launchers: dict = {}
-        self.binaries: dict = {}
         self.lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -306,7 +305,6 @@ class Kernel:
         k = self.typed(args, meta)
         if callable(grid):
             grid = grid(meta)
-        grid = tuple(grid) + (1,) * (3 - len(grid))
         host = [a.cpu() if _is_tensor(a) and a.device.type != "cpu" else a for a in args]
         interpret.run(k, grid, host)
         for a, h in zip(args, host):
