@@ -29,9 +29,16 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _warps(block: int) -> int:
-    """Warps for one row of `block` elements: 4 up to 4096, then one per 1024 (measured on an H200)."""
-    return max(4, min(16, block // 1024))
+def _warps(block: int, itemsize: int) -> int:
+    """Warps for one row of `block` elements: 4 up to 16 KB, then one per 4 KB (measured on an H200:
+    f32 softmax up to 16384 columns, f16 layer norm at 4096 and 8192)."""
+    return max(4, min(16, block * itemsize // 4096))
+
+
+def _streamed(itemsize: int, warps: int) -> dict:
+    """Meta-parameters of row_stats (stdlib/softmax.nk): blocks of 4096 viewed per lane, VEC elements
+    per 16-byte vector (measured on an H200: 4096 and 8 warps within 1% of the best for f32, f16, bf16)."""
+    return dict(BLOCK=4096, WARPS=warps, VEC=16 // itemsize, num_warps=warps)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -77,9 +84,9 @@ def _softmax(x: torch.Tensor, log: bool) -> torch.Tensor:
     mod = _stdlib("softmax")
     block = _pow2(n)
     if block <= MAX_ROW_BLOCK:
-        mod.softmax[(rows,)](x2, out, n, x2.stride(0), BLOCK=block, LOG=log, num_warps=_warps(block))
+        mod.softmax[(rows,)](x2, out, n, x2.stride(0), BLOCK=block, LOG=log, num_warps=_warps(block, x2.element_size()))
     else:
-        mod.softmax_looped[(rows,)](x2, out, n, x2.stride(0), BLOCK=4096, LOG=log, num_warps=8)
+        mod.softmax_looped[(rows,)](x2, out, n, x2.stride(0), LOG=log, **_streamed(x2.element_size(), 8))
     return out.reshape(shape)
 
 
@@ -103,8 +110,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         _stdlib("softmax").cross_entropy[(rows,)](x2, target.contiguous(), loss, n, x2.stride(0), BLOCK=block,
                                                   WHOLE_ROW=True, num_warps=max(4, min(32, block // 1024)))
     else:
-        _stdlib("softmax").cross_entropy[(rows,)](x2, target.contiguous(), loss, n, x2.stride(0), BLOCK=4096,
-                                                  num_warps=4)
+        _stdlib("softmax").cross_entropy[(rows,)](x2, target.contiguous(), loss, n, x2.stride(0),
+                                                  **_streamed(x2.element_size(), 8))
     return loss
 
 
@@ -120,7 +127,7 @@ def _norm(x, weight, bias, eps: float, rms: bool) -> torch.Tensor:
     block = _pow2(n)
     args = (x2, w, b, out, n, x2.stride(0), out.stride(0), float(eps))
     if block <= MAX_ROW_BLOCK:
-        mod.norm[(rows,)](*args, BLOCK=block, RMS=rms, num_warps=_warps(block))
+        mod.norm[(rows,)](*args, BLOCK=block, RMS=rms, num_warps=_warps(block, x2.element_size()))
     else:
         mod.norm_looped[(rows,)](*args, BLOCK=4096, RMS=rms, num_warps=8)
     return out.reshape(shape)
@@ -140,7 +147,7 @@ def _row_reduce(x: torch.Tensor, op: str) -> torch.Tensor:
     rows, n = x2.shape
     out = torch.empty(rows, dtype=x.dtype, device=x.device)
     block = min(_pow2(n), 4096)
-    _stdlib("reduce").row_reduce[(rows,)](x2, out, n, x2.stride(0), BLOCK=block, OP=op, num_warps=_warps(block))
+    _stdlib("reduce").row_reduce[(rows,)](x2, out, n, x2.stride(0), BLOCK=block, OP=op, num_warps=_warps(block, x2.element_size()))
     return out.reshape(x.shape[:-1])
 
 

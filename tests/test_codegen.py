@@ -15,7 +15,7 @@ import pytest
 
 import newtc
 from newtc import jit, nvrtc, syntax
-from newtc.ops import _warps
+from newtc.ops import _streamed, _warps
 from newtc.types import Ptr, bf16, f16, f32, f64, i32, i64
 
 STDLIB = Path(__file__).resolve().parents[1] / "stdlib"
@@ -34,6 +34,7 @@ class Spec:
     sig: tuple  # ((name, DType/Ptr), ...): hashable, for the compile cache
     consts: tuple
     num_warps: int
+    num_stages: int
     expect: frozenset = field(default_factory=frozenset)  # SASS opcodes (prefixes) that must appear
     aligned: frozenset = frozenset()  # parameters specialized as 16-byte aligned / multiples of 16
 
@@ -42,12 +43,12 @@ class Spec:
         return f"{self.file}.{self.kernel}-{self.label}"
 
 
-def spec(file, kernel, label, sig, consts, num_warps, *expect, aligned=None):
+def spec(file, kernel, label, sig, consts, num_warps, *expect, aligned=None, num_stages=1):
     """`aligned` defaults to the pointers: what a launch with freshly allocated torch tensors specializes on
     (sizes such as 1000 are not multiples of 16)."""
     if aligned is None:
         aligned = [n for n, t in sig.items() if isinstance(t, Ptr)]
-    return Spec(file, kernel, label, tuple(sig.items()), tuple(consts.items()), num_warps, frozenset(expect),
+    return Spec(file, kernel, label, tuple(sig.items()), tuple(consts.items()), num_warps, num_stages, frozenset(expect),
                 frozenset(aligned))
 
 
@@ -79,30 +80,38 @@ VEC = ("LDG.E.128", "STG.E.128")
 RED = ("SHFL.BFLY",)
 SMEM = ("STS", "LDS", "BAR.SYNC")
 
+
+def streamed(file, kernel, label, sig, consts, *expect):
+    """A row_stats kernel with the meta-parameters newtc/ops.py launches it with."""
+    meta = _streamed(next(iter(sig.values())).elem.itemsize, 8)
+    nw = meta.pop("num_warps")
+    return spec(file, kernel, label, sig, {**consts, **meta}, nw, *expect)
+
 # One row per specialization, with the BLOCK and num_warps newtc/ops.py picks for the row length in the
-# comment (BLOCK: next power of two, capped; num_warps: ops._warps(BLOCK) or the wrapper's constant).
+# comment (BLOCK: next power of two, capped; num_warps: ops._warps(BLOCK, itemsize) or the wrapper's constant).
 W = _warps
 SPECS = [
     spec("add", "add", "f32", add_sig(f32), {"BLOCK": 1024}, 4, *VEC),
     spec("add", "add", "f16", add_sig(f16), {"BLOCK": 1024}, 4, *VEC),
     spec("add", "add", "f32-all-aligned", add_sig(f32), {"BLOCK": 1024}, 4, *VEC, aligned=add_sig(f32)),
     # rows of 1000 and of 4096 columns
-    spec("softmax", "softmax", "f32", rows_sig(f32), {"BLOCK": 1024, "LOG": False}, W(1024), *RED, *VEC),
-    spec("softmax", "softmax", "bf16-log", rows_sig(bf16), {"BLOCK": 4096, "LOG": True}, W(4096), *RED, *VEC),
+    spec("softmax", "softmax", "f32", rows_sig(f32), {"BLOCK": 1024, "LOG": False}, W(1024, 4), *RED, *VEC),
+    spec("softmax", "softmax", "bf16-log", rows_sig(bf16), {"BLOCK": 4096, "LOG": True}, W(4096, 2), *RED, *VEC),
     # rows longer than ops.MAX_ROW_BLOCK
-    spec("softmax", "softmax_looped", "f32", rows_sig(f32), {"BLOCK": 4096, "LOG": False}, 8, *RED, "LDG.E.128"),
-    spec("softmax", "softmax_looped", "f16-log", rows_sig(f16), {"BLOCK": 4096, "LOG": True}, 8, *RED, "LDG.E.128"),
-    spec("softmax", "cross_entropy", "f32", ce_sig(f32), {"BLOCK": 1024}, 8, *RED, "LDG.E.128"),
-    spec("softmax", "cross_entropy", "f16", ce_sig(f16), {"BLOCK": 4096}, 8, *RED, "LDG.E.128"),
-    spec("norm", "norm", "f32", norm_sig(f32), {"BLOCK": 1024, "RMS": False}, W(1024), *RED, *VEC),
-    spec("norm", "norm", "f16-rms", norm_sig(f16), {"BLOCK": 4096, "RMS": True}, W(4096), *RED, *VEC),
-    spec("norm", "norm", "f16-16384", norm_sig(f16), {"BLOCK": 16384, "RMS": False}, W(16384), *RED, *VEC),
+    streamed("softmax", "softmax_looped", "f32", rows_sig(f32), {"LOG": False}, *RED, "LDG.E.128"),
+    streamed("softmax", "softmax_looped", "f16-log", rows_sig(f16), {"LOG": True}, *RED, "LDG.E.128"),
+    streamed("softmax", "cross_entropy", "f32", ce_sig(f32), {}, *RED, "LDG.E.128"),
+    streamed("softmax", "cross_entropy", "f16", ce_sig(f16), {}, *RED, "LDG.E.128"),
+    spec("softmax", "cross_entropy", "f16-whole-row", ce_sig(f16), {"BLOCK": 4096, "WHOLE_ROW": True}, 4, *RED, *VEC[:1]),
+    spec("norm", "norm", "f32", norm_sig(f32), {"BLOCK": 1024, "RMS": False}, W(1024, 4), *RED, *VEC),
+    spec("norm", "norm", "f16-rms", norm_sig(f16), {"BLOCK": 4096, "RMS": True}, W(4096, 2), *RED, *VEC),
+    spec("norm", "norm", "f16-16384", norm_sig(f16), {"BLOCK": 16384, "RMS": False}, W(16384, 2), *RED, *VEC),
     spec("norm", "norm_looped", "f32-rms", norm_sig(f32), {"BLOCK": 4096, "RMS": True}, 8, *RED, "LDG.E.128"),
     spec("norm", "norm_looped", "bf16", norm_sig(bf16), {"BLOCK": 4096, "RMS": False}, 8, *RED, "LDG.E.128"),
-    spec("reduce", "row_reduce", "f32-sum", rows_sig(f32), {"BLOCK": 1024, "OP": "sum"}, W(1024), *RED, "LDG.E.128"),
-    spec("reduce", "row_reduce", "f16-amax", rows_sig(f16), {"BLOCK": 4096, "OP": "amax"}, W(4096), *RED,
+    spec("reduce", "row_reduce", "f32-sum", rows_sig(f32), {"BLOCK": 1024, "OP": "sum"}, W(1024, 4), *RED, "LDG.E.128"),
+    spec("reduce", "row_reduce", "f16-amax", rows_sig(f16), {"BLOCK": 4096, "OP": "amax"}, W(4096, 2), *RED,
          "LDG.E.128"),
-    spec("reduce", "row_reduce", "bf16-mean", rows_sig(bf16), {"BLOCK": 1024, "OP": "mean"}, W(1024), *RED),
+    spec("reduce", "row_reduce", "bf16-mean", rows_sig(bf16), {"BLOCK": 1024, "OP": "mean"}, W(1024, 2), *RED),
     spec("gelu", "bias_gelu", "f32", gelu_sig(f32), {"BLOCK": 1024}, 4, *VEC),
     spec("gelu", "bias_gelu", "f16", gelu_sig(f16), {"BLOCK": 1024}, 4, *VEC),
     spec("transpose", "transpose", "f32", transpose_sig(f32), {"BM": 32, "BN": 32}, 4, *SMEM, "LDG.E.128"),
@@ -120,7 +129,7 @@ def stdlib_module(stem: str):
 @functools.lru_cache(maxsize=None)
 def generated(s: Spec):
     module, path = stdlib_module(s.file)
-    k = jit.typed_ir(module, s.kernel, dict(s.sig), dict(s.consts), s.num_warps, 1, False, s.aligned)
+    k = jit.typed_ir(module, s.kernel, dict(s.sig), dict(s.consts), s.num_warps, s.num_stages, False, s.aligned)
     return jit.cuda_source(k, path)
 
 
@@ -417,3 +426,32 @@ def test_module_compile_path_matches_table():
     import torch
     x = torch.empty(1000)  # torch's allocations are 16-byte aligned, 1000 is not a multiple of 16
     assert mod.add.source(x, x, x, 1000, BLOCK=1024) == generated(s).source
+
+
+# ---- the streamed row loop: what keeps it fast ---------------------------------------------------
+def loop_body(source: str) -> str:
+    """The text of the kernel's first runtime `for` loop, braces matched."""
+    start = source.index("{", source.index("  for ("))
+    depth = 0
+    for i in range(start, len(source)):
+        depth += {"{": 1, "}": -1}.get(source[i], 0)
+        if depth == 0:
+            return source[start:i]
+    raise AssertionError("unbalanced braces")
+
+
+def test_row_stats_loop_has_no_barrier_and_no_shuffle():
+    """The per-lane running state of row_stats: the reshape keeps the load's registers and the carried
+    state takes the reduction's layout, so nothing in the loop crosses threads."""
+    src = generated(by_id("softmax.cross_entropy-f16")).source
+    body = loop_body(src)
+    assert "__syncthreads" not in body and "nk_smem" not in body and "__shfl" not in body
+    assert "__shfl_xor_sync" in src  # the lanes' states merge once, after the loop
+
+
+def test_masked_vector_load_fills_then_loads():
+    """A proven-aligned masked group: `other` fills the registers, one predicated 128-bit load follows."""
+    s = streamed("softmax", "cross_entropy", "f16-all-aligned", ce_sig(f16), {})
+    body = loop_body(generated(Spec(**{**s.__dict__, "aligned": frozenset(dict(s.sig))})).source)
+    assert re.search(r"u\.e\[7\] = [^;]+; if \([^)]+\) u\.w = \*", body), body[:2000]
+    assert "} else {" not in body

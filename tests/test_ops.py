@@ -103,7 +103,7 @@ def test_looped_kernels_with_small_blocks(device, dtype):
     sm, nm = ops._stdlib("softmax"), ops._stdlib("norm")
     for log, ref in ((False, torch.softmax(x.float(), -1)), (True, torch.log_softmax(x.float(), -1))):
         out = torch.empty_like(x)
-        sm.softmax_looped[(rows,)](x, out, n, n, BLOCK=block, LOG=log)
+        sm.softmax_looped[(rows,)](x, out, n, n, BLOCK=block, WARPS=1, VEC=4, LOG=log)
         close(out, ref, dtype)
     w, b = torch.randn(n, device=device).to(dtype), torch.randn(n, device=device).to(dtype)
     for rms, ref in ((False, F.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)),
@@ -113,5 +113,5 @@ def test_looped_kernels_with_small_blocks(device, dtype):
         close(out, ref, dtype)
     t = torch.randint(0, n, (rows,), device=device)
     loss = torch.empty(rows, device=device)
-    sm.cross_entropy[(rows,)](x, t, loss, n, n, BLOCK=block)
+    sm.cross_entropy[(rows,)](x, t, loss, n, n, BLOCK=block, WARPS=1, VEC=4)
     close(loss, F.cross_entropy(x.float(), t, reduction="none"), torch.float32)

@@ -288,6 +288,8 @@ class Codegen:
         down = step_op is not None and step_op.kind == "const" and step_op.attrs["value"] < 0
         ivn = self.name_of(iv)
         t = cexpr.ctype(iv.type.dtype)
+        if self.k.num_stages > 1:  # unrolled, the next iterations' loads are issued before this one's math
+            self.emit(f"#pragma unroll {self.k.num_stages}")
         self.emit(f"for ({t} {ivn} = {lo}; {ivn} {'>' if down else '<'} {hi}; {ivn} += {step}) {{")
         self.nested(body, list(zip(carried, body.ops[-1].args)), stage=True)
         self.emit("}")

@@ -83,9 +83,12 @@ def load_or_atomic(cg, op: ir.Op) -> None:
             continue
         vector = [f"nk_pack<{t}, {g}> u; u.w = *(const decltype(u.w)*)({p[0]});"]
         vector += [f"{name}[{base + j}] = u.e[{j}];" for j in range(g)]
-        if static:
-            fill = [f"{name}[{base + j}] = {others[base + j]};" for j in range(g)]
-            cg.emit(branch(m[0], vector, fill) if m else " ".join(["{"] + vector + ["}"]))
+        if static and m:  # `other` fills the registers a predicated load then overwrites: no merging after
+            fill = [f"u.e[{j}] = {others[base + j]};" for j in range(g)]
+            load = f"if ({m[0]}) u.w = *(const decltype(u.w)*)({p[0]});"
+            cg.emit(" ".join(["{", f"nk_pack<{t}, {g}> u;", *fill, load, *vector[1:], "}"]))
+        elif static:
+            cg.emit(" ".join(["{"] + vector + ["}"]))
         else:
             cg.emit(branch(vector_condition(p, m, g * res.type.dtype.itemsize), vector, scalar))
 

@@ -69,6 +69,9 @@ class LayoutPlan:
             if op.attrs["keep_dims"]:
                 lay = Layout(res.type.shape, lay.reg, lay.lane, lay.warp)
             res.layout = lay
+        elif op.kind == "reshape" and op.args[0].layout is not None:
+            src = op.args[0].layout  # row-major flat indices are unchanged: the same registers, no data moves
+            res.layout = Layout(res.type.shape, src.reg, src.lane, src.warp)
         elif op.kind == "dot":
             res.layout = slice_layout(self.dot_layout(op), 1)
         elif op.kind in ir.ELEMENTWISE:
@@ -78,17 +81,17 @@ class LayoutPlan:
     def loop(self, op: ir.Op) -> None:
         body = op.regions[0]
         carried = body.params[1:]
-        inits = op.args[3:]
-        for p, init in zip(carried, inits):
+        for p, init in zip(carried, op.args[3:]):
             if p.type.shape:
-                p.layout = init.layout or self.default(p.type)
-        for _ in range(2):  # a second trace lets a carried value take the layout its body gives it
+                p.layout = init.layout  # a free start (zeros, full) takes the layout the body gives it
+        for _ in range(3):  # trace until every carried value has the layout its body gives it
             self.region(body)
-            ys = body.ops[-1].args
             changed = False
-            for p, y in zip(carried, ys):
-                if p.type.shape and y.layout is not None and y.layout != p.layout:
-                    p.layout, changed = y.layout, True
+            for p, y in zip(carried, body.ops[-1].args):
+                if p.type.shape:
+                    lay = y.layout or p.layout or self.default(p.type)
+                    if lay != p.layout:
+                        p.layout, changed = lay, True
             if not changed:
                 break
         for p, r in zip(carried, op.results):
