@@ -39,9 +39,10 @@ def newt_launches(x, y, out):
 
     launch()
     fn, = add.launchers.values()
-    _, params = fn.buffer()  # this thread's argument buffer, already packed by the launch above
+    _, params = fn.local.buffers  # this thread's argument slots, already packed by the launch above
     stream = torch.cuda.current_stream().cuda_stream
-    return launch, lambda: driver.launch(fn.func, (1, 1, 1), (fn.threads, 1, 1), fn.smem, stream, params)
+    threads, _, _, smem = fn.block
+    return launch, lambda: driver.launch(fn.func, (1, 1, 1), (threads, 1, 1), smem, stream, params)
 
 
 def run(quick=False):

@@ -162,12 +162,18 @@ def set_max_dynamic_smem(func: int, nbytes: int) -> None:
 
 
 def fast_launch_function():
-    """cuLaunchKernel with no argtypes: ctypes then skips per-argument conversion (about 1 us a call).
-    Callers pass the function and stream as c_void_p, the sizes as Python ints below 2**31."""
+    """cuLaunchKernelEx(config, function, params, extra) with no argtypes: ctypes converts nothing. The
+    caller passes ctypes objects (buffers, c_void_p), so one call takes four ready-made arguments; the
+    grid, block and stream travel inside the config struct, which the caller packs (LAUNCH_CONFIG)."""
     _cuda()
-    fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+    fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
     fn.restype = c_int
     return fn
+
+
+# CUlaunchConfig: grid x/y/z, block x/y/z, dynamic shared bytes (uint32 each), the stream, then a NULL
+# attribute list and its zero count (cuda.h, CUDA 12.0 and later).
+LAUNCH_CONFIG = "<7I4xQ16x"
 
 
 def launch(func: int, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream: int,

@@ -9,6 +9,7 @@ through the driver on the tensors' device and torch's current stream.
 """
 from __future__ import annotations
 
+import builtins
 import contextlib
 import ctypes
 import functools
@@ -126,7 +127,7 @@ def needs_idx64(args) -> bool:
     return any(_is_tensor(a) and a.nbytes >= 2**31 for a in args)
 
 
-# Each argument gets an 8-byte slot of one buffer, packed by a single struct call per launch.
+# One buffer per launch: the launch config, then an 8-byte slot per argument, packed by one struct call.
 SLOT = {"bool": "?7x", "i8": "b7x", "i16": "h6x", "i32": "i4x", "i64": "q", "u8": "B7x", "u16": "H6x",
         "u32": "I4x", "u64": "Q", "f32": "f4x", "f64": "d"}
 WRONG_CONTEXT = (201, 400)  # CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE
@@ -138,44 +139,97 @@ class Launcher:
     def __init__(self, binary: Binary, device: int):
         """Built with the device's context current."""
         self.device = device
-        self.func = driver.get_function(driver.load_module(binary.cubin), binary.name)
+        func = driver.get_function(driver.load_module(binary.cubin), binary.name)
         if binary.smem_bytes > 48 * 1024:
-            driver.set_max_dynamic_smem(self.func, binary.smem_bytes)
-        self.threads = binary.threads
-        self.smem = binary.smem_bytes
-        self.packer = struct.Struct("<" + "".join("Q" if isinstance(t, Ptr) else SLOT[t.name]
-                                                  for t in binary.param_types))
+            driver.set_max_dynamic_smem(func, binary.smem_bytes)
+        self.block = (binary.threads, 1, 1, binary.smem_bytes)
+        self.pack = struct.Struct(driver.LAUNCH_CONFIG + "".join("Q" if isinstance(t, Ptr) else SLOT[t.name]
+                                                                 for t in binary.param_types)).pack_into
         self.nargs = len(binary.param_types)
-        self.buffers: dict = {}  # thread id -> (buffer, pointer array): concurrent launches never share one
+        self.config_size = struct.calcsize(driver.LAUNCH_CONFIG)
+        self.local = threading.local()  # each thread packs its own buffer: concurrent launches never share one
         self.cu_launch = driver.fast_launch_function()
-        self.cu_func = ctypes.c_void_p(self.func)
-        self.stream, self.cu_stream = None, None
+        self.func, self.cu_func = func, ctypes.c_void_p(func)
 
-    def buffer(self):
-        buf = ctypes.create_string_buffer(max(8, self.packer.size))
-        base = ctypes.addressof(buf)
-        params = (ctypes.c_void_p * self.nargs)(*[base + 8 * k for k in range(self.nargs)])
-        return self.buffers.setdefault(threading.get_ident(), (buf, params))
+    def buffers(self):
+        buf = ctypes.create_string_buffer(self.config_size + 8 * self.nargs)
+        slots = ctypes.addressof(buf) + self.config_size
+        self.local.buffers = buf, (ctypes.c_void_p * max(1, self.nargs))(*[slots + 8 * k for k in range(self.nargs)])
+        return self.local.buffers
 
-    def __call__(self, grid, values, stream: int) -> None:
-        buf, params = self.buffers.get(threading.get_ident()) or self.buffer()
-        self.packer.pack_into(buf, 0, *values)
-        if stream != self.stream:
-            self.stream, self.cu_stream = stream, ctypes.c_void_p(stream)
+    def __call__(self, grid, stream: int, *values) -> None:
         try:
-            rc = self.cu_launch(self.cu_func, *grid, self.threads, 1, 1, self.smem, self.cu_stream, params, None)
-        except ctypes.ArgumentError:  # a grid of numpy or torch integers: only plain ints pass unconverted
-            grid = tuple(map(int, grid))
-            rc = self.cu_launch(self.cu_func, *grid, self.threads, 1, 1, self.smem, self.cu_stream, params, None)
+            buf, params = self.local.buffers
+        except AttributeError:
+            buf, params = self.buffers()
+        if len(grid) != 3:
+            grid = (*grid, 1, 1)[:3]
+        if 0 in grid:  # an empty grid (empty tensors) launches nothing; the driver would call it invalid
+            return
+        try:
+            self.pack(buf, 0, *grid, *self.block, stream, *values)
+        except struct.error:  # a grid of numpy or torch integers: only plain ints pack
+            self.pack(buf, 0, *map(int, grid), *self.block, stream, *values)
+        rc = self.cu_launch(buf, self.cu_func, params, None)
         if rc in WRONG_CONTEXT:  # another device's context is current (or none): switch for this launch only
             previous = driver.current_context()
             driver.set_device(self.device)
             try:
-                rc = self.cu_launch(self.cu_func, *grid, self.threads, 1, 1, self.smem, self.cu_stream, params, None)
+                rc = self.cu_launch(buf, self.cu_func, params, None)
             finally:
                 driver.set_context(previous)  # torch reads its current device from the current context
         if rc:
-            raise driver.CudaError("cuLaunchKernel", rc)
+            raise driver.CudaError("cuLaunchKernelEx", rc)
+
+
+# ---- the launch path, generated per argument kinds ---------------------------------------------
+def arg_kind(a) -> str:
+    """What the launch path branches on per argument (after `plain`): tensor, int, float or bool."""
+    return "tensor" if isinstance(a, Tensor) else type(a).__name__
+
+
+def plain(a):
+    """An argument as the launch path takes it: ints and floats of subclasses (IntEnum, numpy.float64)
+    become Python's own; anything else but a tensor or bool is an error."""
+    if isinstance(a, Tensor) or type(a) in (int, float, bool):
+        return a
+    arg_type(a, False)  # raises for what cannot be passed
+    return bool(a) if isinstance(a, bool) else int(a) if isinstance(a, int) else float(a)
+
+
+def launch_source(kinds: tuple) -> str:
+    """A launch function for arguments of these kinds, straight-line Python: it checks the kinds, builds the
+    specialization key (device, dtype, 2 GiB and alignment bits per tensor; range and alignment per int) and
+    calls the cached Launcher. Anything unexpected goes to `miss`, the general path, which also compiles."""
+    n = len(kinds)
+    names = [f"a{i}" for i in range(n)]
+    tensors = [a for a, k in zip(names, kinds) if k == "tensor"]
+    guard = [f"isinstance({a}, Tensor)" if k == "tensor" else f"type({a}) is {k}" for a, k in zip(names, kinds)]
+    # the kinds lead the key: launches of other kinds share the dict but never a launcher
+    key = [repr(kinds), *[f"d{a}" for a in tensors], *[f"{a}.dtype" for a in tensors]]
+    if tensors:
+        key.append(f"({' | '.join(f'{a}.nbytes' for a in tensors)}) >= 2147483648")
+    key += [f"p{a} & 15 == 0" for a in tensors]
+    for a, k in zip(names, kinds):
+        if k == "int":
+            key += [f"-2147483648 <= {a} < 2147483648", f"{a} & 15 == 0"]
+    values = [f"p{a}" if k == "tensor" else a for a, k in zip(names, kinds)]
+    stream = f"d{tensors[0]}" if tensors else "-1"
+    lines = [
+        "def launch(grid, /, *args, **meta):",
+        f"    if len(args) != {n}:",
+        "        return miss(grid, args, meta, None)",
+        f"    {', '.join(names)}{',' if n == 1 else ''} = args" if n else "    pass",
+        f"    if not ({' and '.join(guard) or 'True'}):",
+        "        return miss(grid, args, meta, None)",
+        *[f"    p{a}, d{a} = {a}.data_ptr(), {a}.get_device()" for a in tensors],
+        f"    key = ({', '.join([*key, '*meta.items()'])},)",
+        "    launcher = launchers.get(key)",
+        "    if launcher is None:",
+        "        return miss(grid, args, meta, key)",
+        f"    return launcher(grid(meta) if callable(grid) else grid, stream({stream}), {', '.join(values)})",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 class Kernel:
@@ -187,14 +241,16 @@ class Kernel:
         self.defn = d
         self.runtime = [p for p in d.params if not check.is_constexpr_annot(p.annotation)]
         self.constexpr_names = {p.name for p in d.params if check.is_constexpr_annot(p.annotation)}
-        self.launchers: dict = {}
+        self.launchers: dict = {}  # specialization key -> Launcher
+        self.launch_fns: dict = {}  # argument kinds -> generated launch function
+        self.current = self.run  # the launch path of the last kinds seen
         self.lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<newt kernel {self.name} from {self.module.filename}>"
 
     def __getitem__(self, grid):
-        return functools.partial(self.run, grid)  # C-level binding: one Python frame per launch
+        return functools.partial(self.current, grid)  # C-level binding: one Python frame per launch
 
     # ---- specialization ----------------------------------------------------------------------
     def split_meta(self, args, meta):
@@ -258,48 +314,44 @@ class Kernel:
 
     # ---- launching ---------------------------------------------------------------------------
     def run(self, grid, /, *args, **meta) -> None:
-        # The hot path, kept flat: one pass over the arguments builds the key and the values.
-        key, values, device = [tuple(meta.items())], [], None
-        for a in args:
-            if isinstance(a, Tensor):
-                d = a.get_device()  # -1 on the CPU
-                if device is None:
-                    device = d
-                elif d != device:
-                    raise NkError(f"kernel '{self.name}': tensors on different devices in one launch",
-                                  self.defn.span, "move every tensor to the same device (a CPU launch runs "
-                                  "in the interpreter)")
-                p = a.data_ptr()
-                key.append((a.dtype, a.nbytes >= 2**31, p & 15 == 0))
-                values.append(p)
-            else:
-                key.append((type(a), -2**31 <= a < 2**31, a & 15 == 0) if type(a) is int else type(a))
-                values.append(a)
-        if device is None or device < 0 or INTERPRET:
-            return self.interpret(grid, args, meta)
-        key.append(device)
-        launcher = self.launchers.get(tuple(key))
-        if launcher is None:
-            launcher = self.new_launcher(args, meta, device, tuple(key))
-        if callable(grid):
-            grid = grid(meta)
-        if len(grid) != 3:
-            grid = (*grid, 1, 1)[:3]
-        if 0 in grid:  # an empty grid (empty tensors) launches nothing; the driver would call it invalid
-            return
-        launcher(grid, values, _stream(device))
+        """Launch through the path generated for these argument kinds (the hot path; see launch_source)."""
+        return self.launch_for(tuple(map(arg_kind, args)))(grid, *args, **meta)
 
-    def new_launcher(self, args, meta, device: int, key) -> Launcher:
+    def launch_for(self, kinds: tuple):
+        fn = self.launch_fns.get(kinds)
+        if fn is None:
+            scope = {"Tensor": Tensor, "launchers": self.launchers, "miss": self.miss, "stream": _stream}
+            exec(builtins.compile(launch_source(kinds), f"<newt launch {self.name}>", "exec"), scope)
+            fn = self.launch_fns[kinds] = scope["launch"]
+        self.current = fn  # kernel[grid] binds it: the next launches of these kinds go straight there
+        return fn
+
+    def miss(self, grid, args, meta, key) -> None:
+        """The general path: arguments of new kinds (a launch path is made for them), errors, the interpreter,
+        and the first launch of a specialization (compile, load, cache under `key`)."""
+        if key is None:
+            self.split_meta(args, meta)  # a wrong count or meta: the error names the kernel
+            args = tuple(map(plain, args))
+            return self.launch_for(tuple(map(arg_kind, args)))(grid, *args, **meta)
+        devices = {a.get_device() for a in args if isinstance(a, Tensor)}
+        if len(devices) > 1:
+            raise NkError(f"kernel '{self.name}': tensors on different devices in one launch", self.defn.span,
+                          "move every tensor to the same device (a CPU launch runs in the interpreter)")
+        device = devices.pop() if devices else -1
+        if device < 0 or INTERPRET:
+            return self.interpret(grid, args, meta)
         with self.lock, gc_paused():
-            if key not in self.launchers:
+            launcher = self.launchers.get(key)
+            if launcher is None:
                 binary = self.binary(args, meta, driver.arch(device))
                 previous = driver.current_context()  # the module loads into the device's own context
                 driver.set_device(device)
                 try:
-                    self.launchers[key] = Launcher(binary, device)
+                    launcher = self.launchers[key] = Launcher(binary, device)
                 finally:
                     driver.set_context(previous)
-            return self.launchers[key]
+        values = [a.data_ptr() if isinstance(a, Tensor) else a for a in args]
+        launcher(grid(meta) if callable(grid) else grid, _stream(device), *values)
 
     def interpret(self, grid, args, meta) -> None:
         k = self.typed(args, meta)

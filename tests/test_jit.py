@@ -386,6 +386,38 @@ def test_unsupported_argument_type():
         add[(1,)](x, y, out, "1000", BLOCK=256)
 
 
+FILL = """\
+kernel fill(out, v, n, BLOCK: constexpr):
+    offs = arange(0, BLOCK)
+    store(out + offs, full([BLOCK], v, f32), mask=offs < n)
+"""
+
+
+def test_launch_paths_follow_the_argument_kinds():
+    """One generated launch path per mix of argument kinds; switching kinds between launches stays correct."""
+    import enum
+    import numpy as np
+
+    class Level(enum.IntEnum):
+        FIVE = 5
+
+    fill = newtc.compile(FILL, "fill.nk").fill
+    out = torch.full((8,), float("nan"))
+    for v, n, want in [(3, 8, 3.0), (2.5, 8, 2.5), (True, 8, 1.0), (np.float64(-1.5), 8, -1.5), (7, Level.FIVE, 7.0)]:
+        out.fill_(float("nan"))
+        fill[(1,)](out, v, n, BLOCK=8)
+        assert torch.equal(out[:n], torch.full((int(n),), want)), (v, n)
+    assert {k[1] for k in fill.launch_fns} == {"int", "float", "bool"}  # numpy and IntEnum went in as plain
+
+
+@pytest.mark.parametrize("kinds", [(), ("float",), ("tensor",), ("tensor", "int", "bool", "float", "tensor")])
+def test_launch_source_compiles_and_keys_on_the_kinds(kinds):
+    src = jit.launch_source(kinds)
+    compile(src, "<launch>", "exec")
+    assert f"key = ({kinds!r}" in src
+    assert src.count("data_ptr()") == kinds.count("tensor")
+
+
 # ---- 64-bit indices -------------------------------------------------------------------------------
 def test_needs_idx64_from_tensor_bytes():
     big = torch.empty(2**31, dtype=torch.uint8, device="meta")  # no memory behind it
