@@ -26,8 +26,8 @@ def header() -> str:
     except ImportError:
         triton_version = "not installed"
     git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=common.ROOT, capture_output=True, text=True)
-    # the device machine gets the working tree without .git: pass the commit as NEWT_COMMIT there
-    commit = git.stdout.strip() or os.environ.get("NEWT_COMMIT", "none")
+    # the device machine's copy of the tree may carry a stale .git: NEWT_COMMIT, when set, names the commit
+    commit = os.environ.get("NEWT_COMMIT") or git.stdout.strip() or "none"
     return (f"{datetime.date.today()}, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
             f"Triton {triton_version}, commit {commit}, newt compiler {newtc.jit.VERSION}")
 

@@ -482,3 +482,17 @@ def test_empty_grid_launches_nothing():
     x = torch.randn(0, device="cuda")
     newtc.load(Path(newtc.__file__).parent.parent / "stdlib" / "add.nk").add[(0,)](x, x, x, 0, BLOCK=1024)
     assert newtc.ops.softmax(torch.randn(0, 7, device="cuda")).shape == (0, 7)
+
+
+@pytest.mark.gpu
+def test_launch_past_two_gib_of_elements_uses_64_bit_indices():
+    """2**31 + 4096 one-byte elements: element offsets themselves overflow i32, so only the automatic
+    64-bit specialization reaches the tail."""
+    n = 2**31 + 4096
+    x = torch.randint(0, 100, (n,), dtype=torch.uint8, device="cuda")
+    y = torch.randint(0, 100, (n,), dtype=torch.uint8, device="cuda")
+    out = torch.full((n,), 255, dtype=torch.uint8, device="cuda")  # poisoned: x + y never reaches 255
+    add = newtc.load(ADD).add
+    add[(cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
+    assert torch.equal(out, x + y)
+    assert next(iter(add.launchers))[7] is True  # the key's 2 GiB bit: the i64 specialization ran
