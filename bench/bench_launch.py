@@ -38,11 +38,10 @@ def newt_launches(x, y, out):
         add[(1,)](x, y, out, 1, BLOCK=1024, num_warps=4)
 
     launch()
-    fn, = add.launchers.values()
+    fn = next(iter(add.launchers.values())).launcher
     _, params = fn.local.buffers  # this thread's argument slots, already packed by the launch above
     stream = torch.cuda.current_stream().cuda_stream
-    threads, _, _, smem = fn.block
-    return launch, lambda: driver.launch(fn.func, (1, 1, 1), (threads, 1, 1), smem, stream, params)
+    return launch, lambda: driver.launch(fn.func, (1, 1, 1), (fn.threads, 1, 1), fn.smem, stream, params)
 
 
 def run(quick=False):

@@ -142,7 +142,7 @@ class Launcher:
         func = driver.get_function(driver.load_module(binary.cubin), binary.name)
         if binary.smem_bytes > 48 * 1024:
             driver.set_max_dynamic_smem(func, binary.smem_bytes)
-        self.block = (binary.threads, 1, 1, binary.smem_bytes)
+        self.threads, self.smem = binary.threads, binary.smem_bytes
         self.pack = struct.Struct(driver.LAUNCH_CONFIG + "".join("Q" if isinstance(t, Ptr) else SLOT[t.name]
                                                                  for t in binary.param_types)).pack_into
         self.nargs = len(binary.param_types)
@@ -157,20 +157,30 @@ class Launcher:
         self.local.buffers = buf, (ctypes.c_void_p * max(1, self.nargs))(*[slots + 8 * k for k in range(self.nargs)])
         return self.local.buffers
 
-    def __call__(self, grid, stream: int, *values) -> None:
-        try:
-            buf, params = self.local.buffers
-        except AttributeError:
-            buf, params = self.buffers()
-        if len(grid) != 3:
-            grid = (*grid, 1, 1)[:3]
-        if 0 in grid:  # an empty grid (empty tensors) launches nothing; the driver would call it invalid
-            return
-        try:
-            self.pack(buf, 0, *grid, *self.block, stream, *values)
-        except struct.error:  # a grid of numpy or torch integers: only plain ints pack
-            self.pack(buf, 0, *map(int, grid), *self.block, stream, *values)
-        rc = self.cu_launch(buf, self.cu_func, params, None)
+    def function(self):
+        """The launch as a closure over everything constant (no attribute lookups): launch(stream, values,
+        *grid) packs the config and the arguments into this thread's buffer and calls the driver once."""
+        local, buffers, pack, cu_launch, cu_func = self.local, self.buffers, self.pack, self.cu_launch, self.cu_func
+        threads, smem, failed = self.threads, self.smem, self.failed
+
+        def launch(stream, values, gx, gy=1, gz=1):
+            try:
+                buf, params = local.buffers
+            except AttributeError:
+                buf, params = buffers()
+            if gx and gy and gz:  # an empty grid (empty tensors) launches nothing; the driver would call it invalid
+                try:
+                    pack(buf, 0, gx, gy, gz, threads, 1, 1, smem, stream, *values)
+                except struct.error:  # numpy or torch integers in the grid (only plain ints pack), or bad sizes
+                    pack(buf, 0, *launch_grid((gx, gy, gz)), threads, 1, 1, smem, stream, *values)
+                rc = cu_launch(buf, cu_func, params, None)
+                if rc:
+                    failed(rc, buf, params)
+
+        launch.launcher = self
+        return launch
+
+    def failed(self, rc: int, buf, params) -> None:
         if rc in WRONG_CONTEXT:  # another device's context is current (or none): switch for this launch only
             previous = driver.current_context()
             driver.set_device(self.device)
@@ -180,6 +190,17 @@ class Launcher:
                 driver.set_context(previous)  # torch reads its current device from the current context
         if rc:
             raise driver.CudaError("cuLaunchKernelEx", rc)
+
+
+def launch_grid(grid) -> tuple:
+    """A grid as 1 to 3 non-negative ints, or a clear error."""
+    try:
+        dims = tuple(map(int, grid))
+    except (TypeError, ValueError):
+        dims = ()
+    if not 1 <= len(dims) <= 3 or min(dims) < 0 or max(dims) >= 2**31:
+        raise NkError(f"a launch grid is 1 to 3 non-negative ints below 2**31, got {grid!r}")
+    return dims
 
 
 # ---- the launch path, generated per argument kinds ---------------------------------------------
@@ -227,7 +248,11 @@ def launch_source(kinds: tuple) -> str:
         "    launcher = launchers.get(key)",
         "    if launcher is None:",
         "        return miss(grid, args, meta, key)",
-        f"    return launcher(grid(meta) if callable(grid) else grid, stream({stream}), {', '.join(values)})",
+        "    try:",
+        f"        return launcher(stream({stream}), ({', '.join(values)}{',' if len(values) == 1 else ''}), "
+        "*(grid(meta) if callable(grid) else grid))",
+        "    except TypeError:  # not a grid of 1 to 3 sizes: the general path says so",
+        "        return miss(grid, args, meta, key)",
     ]
     return "\n".join(lines) + "\n"
 
@@ -338,6 +363,7 @@ class Kernel:
             raise NkError(f"kernel '{self.name}': tensors on different devices in one launch", self.defn.span,
                           "move every tensor to the same device (a CPU launch runs in the interpreter)")
         device = devices.pop() if devices else -1
+        grid = launch_grid(grid(meta) if callable(grid) else grid)
         if device < 0 or INTERPRET:
             return self.interpret(grid, args, meta)
         with self.lock, gc_paused():
@@ -347,11 +373,11 @@ class Kernel:
                 previous = driver.current_context()  # the module loads into the device's own context
                 driver.set_device(device)
                 try:
-                    launcher = self.launchers[key] = Launcher(binary, device)
+                    launcher = self.launchers[key] = Launcher(binary, device).function()
                 finally:
                     driver.set_context(previous)
         values = [a.data_ptr() if isinstance(a, Tensor) else a for a in args]
-        launcher(grid(meta) if callable(grid) else grid, _stream(device), *values)
+        launcher(_stream(device), values, *grid)
 
     def interpret(self, grid, args, meta) -> None:
         k = self.typed(args, meta)

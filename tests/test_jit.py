@@ -418,6 +418,13 @@ def test_launch_source_compiles_and_keys_on_the_kinds(kinds):
     assert src.count("data_ptr()") == kinds.count("tensor")
 
 
+@pytest.mark.parametrize("grid", [(1, 1, 1, 1), (-1,), (), ("two",), 2**31])
+def test_bad_grids_are_named(grid):
+    add = newtc.load(ADD).add
+    with pytest.raises(NkError, match="a launch grid is 1 to 3 non-negative ints"):
+        add[grid](*add_args(), BLOCK=256)
+
+
 # ---- 64-bit indices -------------------------------------------------------------------------------
 def test_needs_idx64_from_tensor_bytes():
     big = torch.empty(2**31, dtype=torch.uint8, device="meta")  # no memory behind it
@@ -495,4 +502,4 @@ def test_launch_past_two_gib_of_elements_uses_64_bit_indices():
     add = newtc.load(ADD).add
     add[(cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
     assert torch.equal(out, x + y)
-    assert next(iter(add.launchers))[7] is True  # the key's 2 GiB bit: the i64 specialization ran
+    assert any(key[4] == torch.uint8 and key[7] for key in add.launchers)  # the 2 GiB bit: i64 ran
