@@ -503,3 +503,25 @@ def test_launch_past_two_gib_of_elements_uses_64_bit_indices():
     add[(cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
     assert torch.equal(out, x + y)
     assert any(key[4] == torch.uint8 and key[7] for key in add.launchers)  # the 2 GiB bit: i64 ran
+
+
+@pytest.mark.gpu
+def test_launch_without_a_current_context_switches_for_that_launch_only():
+    """With no context current in the thread (as after another library cleared it), the launch makes the
+    device's context current for the driver call and puts the previous state back."""
+    from newtc import driver
+    add = newtc.load(ADD).add
+    x = torch.randn(1000, device="cuda")
+    out = torch.full_like(x, float("nan"))
+    add[(1,)](x, x, out, 1000, BLOCK=1024)  # compiled, loaded and cached first
+    out.fill_(float("nan"))
+    torch.cuda.synchronize()
+    previous = driver.current_context()
+    driver.set_context(None)
+    try:
+        add[(1,)](x, x, out, 1000, BLOCK=1024)
+        assert driver.current_context() is None
+    finally:
+        driver.set_context(previous)
+    torch.cuda.synchronize()
+    assert torch.equal(out, x + x)
