@@ -17,7 +17,7 @@ from newtc.check import check
 from newtc.layout import (Layout, axis_mask, blocked, dim_bits, drop_axis, log2, pure, remap, rename, slice_layout,
                           to_coord, to_flat, xor_span)
 from newtc.syntax import parse
-from newtc.types import Ptr, f16, f32
+from newtc.types import Ptr, f16, f32, i32
 
 
 def numel(shape) -> int:
@@ -336,3 +336,29 @@ def test_layouts_are_printed_in_the_ir():
     out = ir.print_kernel(k)
     assert "f32[4, 128] #r[1, 2] l[4, 8, 16, 32, 64] w[128, 256]" in out
     assert "f32[4] #r[] l[0, 0, 0, 0, 0] w[1, 2]" in out
+
+
+def test_reshape_of_a_loaded_block_keeps_its_registers():
+    """[512] f16 loaded as 16-byte vectors, viewed as [R, W, 32, 8]: the axis-3 and axis-0 reductions stay
+    in each thread, with no shuffle and no shared memory."""
+    g = cuda("""\
+    v = reshape(load(x + arange(0, 1024)).to(f32), [2, 2, 32, 8])
+    store(out + arange(0, 64), reshape(max(max(v, axis=3), axis=0), [64]))
+    """, {"x": Ptr(f16), "out": Ptr(f32)}, num_warps=2)
+    code = body_of(g.source)
+    assert "__shfl" not in code and "__syncthreads" not in code and "nk_smem" not in code
+
+
+def test_loop_state_from_a_free_start_takes_the_body_layout():
+    """m starts as full([..]) (free) and is carried through a loop in a reduction's slice layout: the loop
+    body converts nothing; without the rule the start's default layout would force a conversion per trip."""
+    g = cuda("""\
+    m = full([2, 32], -1e38, f32)
+    for start in range(0, n, 1024):
+        v = reshape(load(x + start + arange(0, 1024)).to(f32), [2, 2, 32, 8])
+        m = maximum(m, max(max(v, axis=3), axis=0))
+    store(out + arange(0, 64), reshape(m, [64]))
+    """, {"x": Ptr(f16), "out": Ptr(f32), "n": i32}, num_warps=2)
+    code = body_of(g.source)
+    loop = code[code.index("for ("):code.index("store")]
+    assert "__syncthreads" not in loop and "nk_smem" not in loop and "__shfl" not in loop
