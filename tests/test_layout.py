@@ -360,5 +360,6 @@ def test_loop_state_from_a_free_start_takes_the_body_layout():
     store(out + arange(0, 64), reshape(m, [64]))
     """, {"x": Ptr(f16), "out": Ptr(f32), "n": i32}, num_warps=2)
     code = body_of(g.source)
-    loop = code[code.index("for ("):code.index("store")]
+    start = code.index("for (")
+    loop = code[start:code.index("\n  }", start)]  # up to the loop's closing brace, at the body's indent
     assert "__syncthreads" not in loop and "nk_smem" not in loop and "__shfl" not in loop
