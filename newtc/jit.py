@@ -340,7 +340,7 @@ class Kernel:
     # ---- launching ---------------------------------------------------------------------------
     def run(self, grid, /, *args, **meta) -> None:
         """Launch through the path generated for these argument kinds (the hot path; see launch_source)."""
-        return self.launch_for(tuple(map(arg_kind, args)))(grid, *args, **meta)
+        return self.miss(grid, args, meta, None)
 
     def launch_for(self, kinds: tuple):
         fn = self.launch_fns.get(kinds)

@@ -408,6 +408,9 @@ def test_launch_paths_follow_the_argument_kinds():
         fill[(1,)](out, v, n, BLOCK=8)
         assert torch.equal(out[:n], torch.full((int(n),), want)), (v, n)
     assert {k[1] for k in fill.launch_fns} == {"int", "float", "bool"}  # numpy and IntEnum went in as plain
+    first = newtc.compile(FILL, "fill.nk").fill  # a numpy scalar on the very first launch, too
+    first[(1,)](out, np.float64(0.5), 8, BLOCK=8)
+    assert torch.equal(out, torch.full((8,), 0.5))
 
 
 @pytest.mark.parametrize("kinds", [(), ("float",), ("tensor",), ("tensor", "int", "bool", "float", "tensor")])
