@@ -96,13 +96,9 @@ class Binary:
 
 
 # ---- argument classification --------------------------------------------------------------------
-def _is_tensor(a) -> bool:
-    return isinstance(a, Tensor)
-
-
 def arg_type(a, big: bool):
     """The parameter type a launch argument gives (design section 3)."""
-    if _is_tensor(a):
+    if isinstance(a, Tensor):
         name = torch_dtype_name(a.dtype)
         if not name:
             raise NkError(f"tensors of {a.dtype} are not supported")
@@ -124,12 +120,13 @@ def aligned_params(params, args) -> frozenset:
 
 def needs_idx64(args) -> bool:
     """Offsets overflow 32 bits when a tensor spans 2 GiB or more: specialize to 64-bit indices."""
-    return any(_is_tensor(a) and a.nbytes >= 2**31 for a in args)
+    return any(isinstance(a, Tensor) and a.nbytes >= 2**31 for a in args)
 
 
 # One buffer per launch: the launch config, then an 8-byte slot per argument, packed by one struct call.
 SLOT = {"bool": "?7x", "i8": "b7x", "i16": "h6x", "i32": "i4x", "i64": "q", "u8": "B7x", "u16": "H6x",
         "u32": "I4x", "u64": "Q", "f32": "f4x", "f64": "d"}
+CONFIG_BYTES = struct.calcsize(driver.LAUNCH_CONFIG)  # the arguments' slots follow the launch config
 WRONG_CONTEXT = (201, 400)  # CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE
 
 
@@ -146,14 +143,13 @@ class Launcher:
         self.pack = struct.Struct(driver.LAUNCH_CONFIG + "".join("Q" if isinstance(t, Ptr) else SLOT[t.name]
                                                                  for t in binary.param_types)).pack_into
         self.nargs = len(binary.param_types)
-        self.config_size = struct.calcsize(driver.LAUNCH_CONFIG)
         self.local = threading.local()  # each thread packs its own buffer: concurrent launches never share one
         self.cu_launch = driver.fast_launch_function()
         self.func, self.cu_func = func, ctypes.c_void_p(func)
 
     def buffers(self):
-        buf = ctypes.create_string_buffer(self.config_size + 8 * self.nargs)
-        slots = ctypes.addressof(buf) + self.config_size
+        buf = ctypes.create_string_buffer(CONFIG_BYTES + 8 * self.nargs)
+        slots = ctypes.addressof(buf) + CONFIG_BYTES
         self.local.buffers = buf, (ctypes.c_void_p * max(1, self.nargs))(*[slots + 8 * k for k in range(self.nargs)])
         return self.local.buffers
 
@@ -240,9 +236,8 @@ def launch_source(kinds: tuple) -> str:
         "def launch(grid, /, *args, **meta):",
         f"    if len(args) != {n}:",
         "        return miss(grid, args, meta, None)",
-        f"    {', '.join(names)}{',' if n == 1 else ''} = args" if n else "    pass",
-        f"    if not ({' and '.join(guard) or 'True'}):",
-        "        return miss(grid, args, meta, None)",
+        *([f"    {', '.join(names)}, = args", f"    if not ({' and '.join(guard)}):",
+           "        return miss(grid, args, meta, None)"] if n else []),
         *[f"    p{a}, d{a} = {a}.data_ptr(), {a}.get_device()" for a in tensors],
         f"    key = ({', '.join([*key, '*meta.items()'])},)",
         "    launcher = launchers.get(key)",
@@ -381,12 +376,10 @@ class Kernel:
 
     def interpret(self, grid, args, meta) -> None:
         k = self.typed(args, meta)
-        if callable(grid):
-            grid = grid(meta)
-        host = [a.cpu() if _is_tensor(a) and a.device.type != "cpu" else a for a in args]
+        host = [a.cpu() if isinstance(a, Tensor) and a.device.type != "cpu" else a for a in args]
         interpret.run(k, grid, host)
         for a, h in zip(args, host):
-            if _is_tensor(a) and h is not a:
+            if isinstance(a, Tensor) and h is not a:
                 a.copy_(h)
 
 

@@ -107,11 +107,10 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     loss = torch.empty(rows, dtype=torch.float32, device=x2.device)
     block = _pow2(n)
     if block * x2.element_size() <= WHOLE_ROW_BYTES:  # the row fits in registers
-        _stdlib("softmax").cross_entropy[(rows,)](x2, target.contiguous(), loss, n, x2.stride(0), BLOCK=block,
-                                                  WHOLE_ROW=True, num_warps=max(4, min(32, block // 1024)))
+        meta = dict(BLOCK=block, WHOLE_ROW=True, num_warps=max(4, min(32, block // 1024)))
     else:
-        _stdlib("softmax").cross_entropy[(rows,)](x2, target.contiguous(), loss, n, x2.stride(0),
-                                                  **_streamed(x2.element_size(), 8))
+        meta = _streamed(x2.element_size(), 8)
+    _stdlib("softmax").cross_entropy[(rows,)](x2, target.contiguous(), loss, n, x2.stride(0), **meta)
     return loss
 
 

@@ -81,14 +81,14 @@ def load_or_atomic(cg, op: ir.Op) -> None:
         if g == 1:
             cg.emit_all(scalar)
             continue
-        vector = [f"nk_pack<{t}, {g}> u; u.w = *(const decltype(u.w)*)({p[0]});"]
-        vector += [f"{name}[{base + j}] = u.e[{j}];" for j in range(g)]
+        word = f"u.w = *(const decltype(u.w)*)({p[0]});"
+        unpack = [f"{name}[{base + j}] = u.e[{j}];" for j in range(g)]
+        vector = [f"nk_pack<{t}, {g}> u;", word, *unpack]
         if static and m:  # `other` fills the registers a predicated load then overwrites: no merging after
             fill = [f"u.e[{j}] = {others[base + j]};" for j in range(g)]
-            load = f"if ({m[0]}) u.w = *(const decltype(u.w)*)({p[0]});"
-            cg.emit(" ".join(["{", f"nk_pack<{t}, {g}> u;", *fill, load, *vector[1:], "}"]))
+            cg.emit(" ".join(["{", vector[0], *fill, f"if ({m[0]}) {word}", *unpack, "}"]))
         elif static:
-            cg.emit(" ".join(["{"] + vector + ["}"]))
+            cg.emit(" ".join(["{", *vector, "}"]))
         else:
             cg.emit(branch(vector_condition(p, m, g * res.type.dtype.itemsize), vector, scalar))
 
