@@ -123,10 +123,9 @@ def builtin(*names):
 
 
 class Checker:
-    def __init__(self, module: A.Module, num_warps: int, idx64: bool):
+    def __init__(self, module: A.Module, idx64: bool):
         self.module = module
         self.defs = {d.name: d for d in module.defs}
-        self.num_warps = num_warps
         self.idx64 = idx64
         self.region = ir.Region()
         self.env: dict = {}
@@ -682,20 +681,17 @@ def describe(v) -> str:
     return f"{type(v).__name__} {v!r}"
 
 
-def check(module: A.Module, name: str, sig: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 1,
-          idx64: bool = False, aligned: frozenset = frozenset()) -> ir.Kernel:
-    """Type one kernel of a module for one specialization.
-
-    sig maps each runtime parameter to its DType/Ptr; constexprs maps constexpr parameters to values.
-    """
+def check(module: A.Module, name: str, spec) -> ir.Kernel:
+    """Type one kernel of a module for one specialization (a compiler.Spec)."""
     d = next((d for d in module.defs if d.name == name), None)
     if d is None or d.kind != "kernel":
         kernels = [k.name for k in module.defs if k.kind == "kernel"]
         raise NkError(f"no kernel named '{name}' in {module.file}", None,
                       f"kernels: {', '.join(kernels)}" if kernels else "")
-    if not is_pow2(num_warps) or num_warps > 32:
-        raise NkError(f"num_warps={num_warps} must be a power of two from 1 to 32", d.span)
-    c = Checker(module, num_warps, idx64)
+    if not is_pow2(spec.num_warps) or spec.num_warps > 32:
+        raise NkError(f"num_warps={spec.num_warps} must be a power of two from 1 to 32", d.span)
+    c = Checker(module, spec.idx64)
+    sig, constexprs = spec.types, spec.values
     params = []
     for p in d.params:
         if is_constexpr_annot(p.annotation):
@@ -722,7 +718,7 @@ def check(module: A.Module, name: str, sig: dict, constexprs: dict, num_warps: i
         c.block(d.body)
     except _Return as r:
         raise NkError("a kernel cannot return a value; store results through pointers", r.span) from None
-    k = ir.Kernel(name, params, c.region, num_warps, num_stages, dict(constexprs), d.span, frozenset(aligned))
+    k = ir.Kernel(name, params, c.region, spec, d.span)
     ir.maybe_verify(k)
     return k
 

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from . import ast as A
-from . import check, ir, jit, nvrtc, syntax
+from . import check, compiler, ir, nvrtc, syntax
+from .compiler import Spec
 from .errors import NkError
 from .types import DTYPES, parse_type
 
@@ -131,13 +132,14 @@ def emit(args, module: A.Module, filename: str):
         p = no_value[0]
         raise NkError(f"missing constexpr '{p.name}' for kernel '{d.name}'", p.span, f"pass -D {p.name}=VALUE")
     aligned = frozenset(sig) if args.aligned == "all" else frozenset(filter(None, args.aligned.split(",")))
-    k = jit.typed_ir(module, d.name, sig, consts, args.num_warps, args.num_stages, False, aligned)
+    spec = Spec.of(sig, consts, num_warps=args.num_warps, num_stages=args.num_stages, aligned=aligned, arch=args.arch)
+    stage = {"ir": "ir", "cuda": "cuda"}.get(args.emit, "cubin")
+    result = compiler.compile(module, d.name, spec, until=stage)
     if args.emit == "ir":
-        return ir.print_kernel(k)
-    gen = jit.cuda_source(k, filename)
+        return ir.print_kernel(result.kernel)
     if args.emit == "cuda":
-        return gen.source
-    out = nvrtc.compile(gen.source, gen.name, args.arch)
+        return result.cuda.source
+    out = result.binary
     if args.emit == "ptx":
         if out.ptx is None:
             raise NkError("this NVRTC kept no PTX for the program", None, "try --arch compute_90a")
@@ -155,7 +157,7 @@ def check_all(args, module: A.Module) -> list[NkError]:
             print(f"newtc: note: kernel '{d.name}' parsed, not checked: it needs {' and '.join(need)}", file=sys.stderr)
             continue
         try:
-            check.check(module, d.name, sig, consts, args.num_warps, args.num_stages)
+            check.check(module, d.name, Spec.of(sig, consts, num_warps=args.num_warps, num_stages=args.num_stages))
         except NkError as err:
             errors.append(err)
     return errors

@@ -88,11 +88,8 @@ class Kernel:
     name: str
     params: list[Value]  # runtime parameters, in launch order
     body: Region
-    num_warps: int = 4
-    num_stages: int = 1
-    constexprs: dict = field(default_factory=dict)
+    spec: Any  # the compiler.Spec it was typed for
     span: Span | None = None
-    aligned: frozenset = frozenset()  # parameters specialized as multiples of 16 (ints) or 16-byte aligned (pointers)
 
 
 def walk(region: Region):
@@ -118,8 +115,8 @@ def _fmt_type(v: Value) -> str:
 def print_kernel(k: Kernel) -> str:
     lines = []
     params = ", ".join(f"{p!r}: {p.type}" for p in k.params)
-    consts = ", ".join(f"{n}={v!r}" for n, v in k.constexprs.items())
-    lines.append(f"kernel @{k.name}({params}) num_warps={k.num_warps}" + (f" [{consts}]" if consts else "") + " {")
+    consts = ", ".join(f"{n}={v!r}" for n, v in k.spec.constexprs)
+    lines.append(f"kernel @{k.name}({params}) num_warps={k.spec.num_warps}" + (f" [{consts}]" if consts else "") + " {")
     _print_region(k.body, lines, 1)
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -28,7 +28,8 @@ import torch
 from torch import Tensor
 
 from . import ast as A
-from . import cache, check, codegen, driver, interpret, ir, nvrtc, passes, syntax
+from . import cache, check, compiler, driver, interpret, ir, nvrtc, syntax
+from .compiler import Spec
 from .errors import SOURCES, NkError, flag
 from .types import DTYPES, Ptr, bool_, f32, i32, i64, torch_dtype_name
 
@@ -57,21 +58,6 @@ def disk_cache() -> cache.DiskCache:
     if _disk is None:
         _disk = cache.DiskCache()
     return _disk
-
-
-# ---- the pipeline, stage by stage --------------------------------------------------------------
-def typed_ir(module: A.Module, name: str, sig: dict, constexprs: dict, num_warps: int, num_stages: int,
-             idx64: bool, aligned: frozenset = frozenset()) -> ir.Kernel:
-    SOURCES[module.file] = module.source  # diagnostics quote this module even if another reused its name
-    k = check.check(module, name, sig, constexprs, num_warps, num_stages, idx64, aligned)  # check
-    return passes.run_passes(k)  # passes
-
-
-def cuda_source(k: ir.Kernel, filename: str) -> codegen.Generated:
-    gen = codegen.generate(k, filename)  # codegen
-    if flag("NEWT_DEBUG"):
-        print(f"// ---- newt: {k.name} {k.constexprs} num_warps={k.num_warps}\n{gen.source}", file=sys.stderr)
-    return gen
 
 
 @dataclass
@@ -287,48 +273,41 @@ class Kernel:
                           self.defn.span)
         return meta, num_warps, num_stages
 
-    def specialize(self, args, meta):
+    def specialize(self, args, meta, arch: str = "sm_90a") -> Spec:
         meta, num_warps, num_stages = self.split_meta(args, meta)
         idx64 = needs_idx64(args)
         sig = {p.name: arg_type(a, idx64) for p, a in zip(self.runtime, args)}
-        return sig, meta, num_warps, num_stages, idx64, aligned_params(self.runtime, args)
+        return Spec.of(sig, meta, num_warps=num_warps, num_stages=num_stages, idx64=idx64,
+                       aligned=aligned_params(self.runtime, args), arch=arch)
 
-    def typed(self, args, meta) -> ir.Kernel:
-        sig, consts, nw, ns, idx64, aligned = self.specialize(args, meta)
-        return typed_ir(self.module.ast, self.name, sig, consts, nw, ns, idx64, aligned)
+    def output(self, args, meta, until: str, arch: str | None = None) -> compiler.Output:
+        return compiler.compile(self.module.ast, self.name, self.specialize(args, meta, arch or default_arch()), until)
 
     # ---- the stages, for inspection -----------------------------------------------------------
     def ir(self, *args, **meta) -> str:
-        return ir.print_kernel(self.typed(args, meta))
+        return ir.print_kernel(self.output(args, meta, "ir").kernel)
 
     def source(self, *args, **meta) -> str:
-        return cuda_source(self.typed(args, meta), self.module.filename).source
-
-    def compiled(self, args, meta, arch: str | None = None) -> nvrtc.Compiled:
-        gen = cuda_source(self.typed(args, meta), self.module.filename)
-        return nvrtc.compile(gen.source, gen.name, arch or default_arch())
+        return self.output(args, meta, "cuda").cuda.source
 
     def ptx(self, *args, arch: str | None = None, **meta) -> str:
-        return self.compiled(args, meta, arch).ptx
+        return self.output(args, meta, "cubin", arch).binary.ptx
 
     def sass(self, *args, arch: str | None = None, **meta) -> str:
-        return nvrtc.disassemble(self.compiled(args, meta, arch).cubin)
+        return nvrtc.disassemble(self.output(args, meta, "cubin", arch).binary.cubin)
 
     def binary(self, args, meta, arch: str) -> Binary:
-        sig, consts, nw, ns, idx64, aligned = self.specialize(args, meta)
-        key = cache.key(VERSION, self.module.filename, self.module.text, self.name, repr(sorted((k, v.name) for k, v in sig.items())),
-                        repr(sorted(consts.items())), str(nw), str(ns), str(idx64), repr(sorted(aligned)), arch,
-                        repr(nvrtc.version()))
+        spec = self.specialize(args, meta, arch)
+        key = cache.key(VERSION, self.module.filename, self.module.text, self.name, repr(spec), repr(nvrtc.version()))
         data = disk_cache().get(key)
         if data is not None:
             try:
                 return Binary.unpack(data)
             except (ValueError, KeyError, IndexError):
                 pass  # an entry from an incompatible writer: rebuild it
-        k = typed_ir(self.module.ast, self.name, sig, consts, nw, ns, idx64, aligned)
-        gen = cuda_source(k, self.module.filename)
-        out = nvrtc.compile(gen.source, gen.name, arch)  # nvrtc
-        b = Binary(gen.name, out.cubin, gen.threads, gen.smem_bytes, [p.type.dtype for p in k.params])
+        out = compiler.compile(self.module.ast, self.name, spec)
+        b = Binary(out.cuda.name, out.binary.cubin, out.cuda.threads, out.cuda.smem_bytes,
+                   [p.type.dtype for p in out.kernel.params])
         disk_cache().put(key, b.pack())
         return b
 
@@ -375,7 +354,7 @@ class Kernel:
         launcher(_stream(device), values, *grid)
 
     def interpret(self, grid, args, meta) -> None:
-        k = self.typed(args, meta)
+        k = compiler.compile(self.module.ast, self.name, self.specialize(args, meta), "ir").kernel
         host = [a.cpu() if isinstance(a, Tensor) and a.device.type != "cpu" else a for a in args]
         interpret.run(k, grid, host)
         for a, h in zip(args, host):

@@ -9,6 +9,7 @@ import pytest
 
 from newtc import ir
 from newtc.check import check
+from newtc.compiler import Spec
 from newtc.errors import NkError
 from newtc.syntax import parse
 from newtc.types import DTYPES, Ptr, Type, bf16, bool_, f16, f32, f64, i8, i16, i32, i64, u8, u32
@@ -25,7 +26,7 @@ def typed(body: str, sig: dict | None = None, constexprs: dict | None = None, *,
     if params is None:
         params = ", ".join([*sig, *(f"{c}: constexpr" for c in constexprs)])
     text = textwrap.dedent(helpers) + f"kernel k({params}):\n" + textwrap.indent(textwrap.dedent(body), "    ")
-    k = check(parse(text, "t.nk"), "k", sig, constexprs, num_warps, idx64=idx64)
+    k = check(parse(text, "t.nk"), "k", Spec.of(sig, constexprs, num_warps=num_warps, idx64=idx64))
     ir.verify(k)
     assert {op.kind for op in ir.walk(k.body)} <= KNOWN_KINDS
     return k
@@ -269,7 +270,7 @@ def test_helper_defined_after_the_kernel_and_with_keywords_and_defaults():
         def h(a, b=10.0):
             return a * b
     """)
-    k = check(parse(text, "t.nk"), "k", {"x": Ptr(f32)}, {})
+    k = check(parse(text, "t.nk"), "k", Spec.of({"x": Ptr(f32)}))
     ir.verify(k)
     assert [op.attrs["value"] for op in ops(k, "const")] == [3.0, 1, 20.0]  # folded: h of constants
 

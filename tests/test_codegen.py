@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import newtc
-from newtc import jit, nvrtc, syntax
+from newtc import compiler, nvrtc, syntax
 from newtc.ops import _streamed, _warps
 from newtc.types import Ptr, bf16, f16, f32, f64, i32, i64
 
@@ -129,8 +129,12 @@ def stdlib_module(stem: str):
 @functools.lru_cache(maxsize=None)
 def generated(s: Spec):
     module, path = stdlib_module(s.file)
-    k = jit.typed_ir(module, s.kernel, dict(s.sig), dict(s.consts), s.num_warps, s.num_stages, False, s.aligned)
-    return jit.cuda_source(k, path)
+    spec = compiler.Spec(s.sig, s.consts, s.num_warps, s.num_stages, aligned=s.aligned)
+    return compiler.compile(module, s.kernel, spec, until="cuda").cuda
+
+
+def cuda(module, kernel: str, sig: dict, consts: dict):
+    return compiler.compile(module, kernel, compiler.Spec.of(sig, consts), until="cuda").cuda
 
 
 @functools.lru_cache(maxsize=None)
@@ -298,8 +302,7 @@ def test_prelude_needs_no_headers():
 @pytest.mark.parametrize("dt, to", [(f16, "nk_to_f16"), (bf16, "nk_to_bf16")])
 def test_half_math_goes_through_f32(dt, to):
     module, path = stdlib_module("add")
-    k = jit.typed_ir(module, "add", add_sig(dt), {"BLOCK": 1024}, 4, 1, False)
-    src = jit.cuda_source(k, path).source
+    src = cuda(module, "add", add_sig(dt), {"BLOCK": 1024}).source
     ctype = {"f16": "nk_f16", "bf16": "nk_bf16"}[dt.name]
     assert f"{ctype}* x" in src
     body = src.split("__launch_bounds__")[1]
@@ -334,7 +337,7 @@ kernel k(dst, cmp, val, old, n, BLOCK: constexpr):
 
 def atomic_sass(text: str, sig: dict, arch: str = "sm_90a") -> set[str]:
     module = syntax.parse(text, "atomic.nk")
-    gen = jit.cuda_source(jit.typed_ir(module, "k", sig, {"BLOCK": 128}, 4, 1, False), "atomic.nk")
+    gen = cuda(module, "k", sig, {"BLOCK": 128})
     return opcodes(nvrtc.disassemble(nvrtc.compile(gen.source, gen.name, arch).cubin))
 
 
@@ -370,7 +373,7 @@ def test_bitcast_compiles():
             "    store(out + offs, load(x + offs).to(i32, bitcast=True))\n")
     sig = {"x": Ptr(f32), "out": Ptr(i32), "n": i32}
     module = syntax.parse(text, "bitcast.nk")
-    gen = jit.cuda_source(jit.typed_ir(module, "k", sig, {"BLOCK": 128}, 4, 1, False), "bitcast.nk")
+    gen = cuda(module, "k", sig, {"BLOCK": 128})
     nvrtc.compile(gen.source, gen.name, "sm_90a")
 
 
@@ -387,8 +390,7 @@ def test_masked_load_of_multiword_c_types_compiles(dt):
     from newtc.types import DTYPES
     t = DTYPES[dt]
     module = syntax.parse(MASKED_COPY, "masked.nk")
-    gen = jit.cuda_source(jit.typed_ir(module, "k", {**ptrs(t, "x", "out"), "n": i32}, {"BLOCK": 128}, 4, 1, False),
-                          "masked.nk")
+    gen = cuda(module, "k", {**ptrs(t, "x", "out"), "n": i32}, {"BLOCK": 128})
     nvrtc.compile(gen.source, gen.name, "sm_90a")
 
 
@@ -397,8 +399,7 @@ def test_parameter_names_cannot_clash_with_generated_names(name):
     text = f"kernel k({name}, out, BLOCK: constexpr):\n    offs = arange(0, BLOCK)\n" \
            f"    store(out + offs, load({name} + offs))\n"
     module = syntax.parse(text, "names.nk")
-    gen = jit.cuda_source(jit.typed_ir(module, "k", {name: Ptr(f32), "out": Ptr(f32)}, {"BLOCK": 64}, 4, 1, False),
-                          "names.nk")
+    gen = cuda(module, "k", {name: Ptr(f32), "out": Ptr(f32)}, {"BLOCK": 64})
     nvrtc.compile(gen.source, gen.name, "sm_90a")
 
 
@@ -406,14 +407,14 @@ def test_file_name_with_a_quote():
     text = "kernel k(x, BLOCK: constexpr):\n    store(x + arange(0, BLOCK), 1.0)\n"
     filename = 'my "kernels".nk'
     module = syntax.parse(text, filename)
-    gen = jit.cuda_source(jit.typed_ir(module, "k", {"x": Ptr(f32)}, {"BLOCK": 64}, 4, 1, False), filename)
+    gen = cuda(module, "k", {"x": Ptr(f32)}, {"BLOCK": 64})
     nvrtc.compile(gen.source, gen.name, "sm_90a")
 
 
 def test_f64_max_reduction_stays_double():
     text = "kernel k(x, out, BLOCK: constexpr):\n    store(out, max(load(x + arange(0, BLOCK)), axis=0))\n"
     module = syntax.parse(text, "dmax.nk")
-    gen = jit.cuda_source(jit.typed_ir(module, "k", ptrs(f64, "x", "out"), {"BLOCK": 1024}, 4, 1, False), "dmax.nk")
+    gen = cuda(module, "k", ptrs(f64, "x", "out"), {"BLOCK": 1024})
     ops = opcodes(nvrtc.disassemble(nvrtc.compile(gen.source, gen.name, "sm_90a").cubin))
     assert not has(ops, "F2F.F32.F64"), "double rounded to float inside the reduction"
 

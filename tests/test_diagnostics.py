@@ -15,6 +15,7 @@ import torch
 import newtc
 from newtc import cache, jit
 from newtc.check import check
+from newtc.compiler import Spec
 from newtc.syntax import parse
 from newtc.types import Ptr, f32, i32
 
@@ -76,7 +77,7 @@ def typing_error(body: str, file: str, sig=None, constexprs=None) -> newtc.NkErr
     params = ", ".join([*sig, *(f"{c}: constexpr" for c in constexprs or {})])
     text = f"kernel k({params}):\n" + textwrap.indent(src(body), "    ")
     with pytest.raises(newtc.NkError) as e:
-        check(parse(text, file), "k", sig, constexprs or {})
+        check(parse(text, file), "k", Spec.of(sig, constexprs))
     return e.value
 
 
@@ -437,7 +438,7 @@ def test_bad_constant_operands_are_diagnosed(expr):
 def test_constant_math_folding_never_leaks_python_errors(expr):
     text = f"kernel k(x: *f32):\n    store(x, {expr})\n"
     try:
-        check(parse(text, "constmath.nk"), "k", {"x": Ptr(f32)}, {})
+        check(parse(text, "constmath.nk"), "k", Spec.of({"x": Ptr(f32)}))
     except newtc.NkError as err:
         assert_diagnostic(err, "constmath.nk", 2, None, ".")
 

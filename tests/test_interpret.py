@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from newtc import interpret, ir
+from newtc.compiler import Spec
 from newtc import types as T
 from newtc.errors import NkError, Span
 
@@ -47,7 +48,7 @@ class B:
         self.stack.pop()
 
     def kernel(self):
-        k = ir.Kernel("k", self.params, self.stack[0])
+        k = ir.Kernel("k", self.params, self.stack[0], Spec())
         ir.verify(k)
         return k
 
@@ -448,7 +449,7 @@ def nk(src, name, sig, file="file.nk", **constexprs):
 
     SOURCES[file] = src
     sig = {k: T.parse_type(v) for k, v in sig.items()}
-    return check.check(syntax.parse(src, file), name, sig, constexprs)
+    return check.check(syntax.parse(src, file), name, Spec.of(sig, constexprs))
 
 
 def test_stdlib_add():

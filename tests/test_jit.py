@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import newtc
-from newtc import cache, ir, jit, nvrtc, ops, syntax
+from newtc import cache, compiler, ir, jit, nvrtc, ops, syntax
+from newtc.compiler import Spec
 from newtc.errors import SOURCES, NkError
 from newtc.types import Ptr, f32, i32, i64
 
@@ -441,10 +442,10 @@ def test_needs_idx64_from_tensor_bytes():
 def test_idx64_specialization_has_i64_program_ids():
     module = newtc.load(ADD).ast
     sig = {"x": Ptr(f32), "y": Ptr(f32), "out": Ptr(f32), "n": i64}
-    text = ir.print_kernel(jit.typed_ir(module, "add", sig, {"BLOCK": 1024}, 4, 1, idx64=True))
+    text = ir.print_kernel(compiler.compile(module, "add", Spec.of(sig, {"BLOCK": 1024}, idx64=True), "ir").kernel)
     assert "program_id() {axis=0} : i64" in text
     assert re.search(r"%offs\d+ = add\(.*\) : i64\[1024\]", text)
-    narrow = ir.print_kernel(jit.typed_ir(module, "add", {**sig, "n": i32}, {"BLOCK": 1024}, 4, 1, idx64=False))
+    narrow = ir.print_kernel(compiler.compile(module, "add", Spec.of({**sig, "n": i32}, {"BLOCK": 1024}), "ir").kernel)
     assert "program_id() {axis=0} : i32" in narrow
 
 

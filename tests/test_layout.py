@@ -14,6 +14,7 @@ import pytest
 
 from newtc import codegen, ir, passes
 from newtc.check import check
+from newtc.compiler import Spec
 from newtc.layout import (Layout, axis_mask, blocked, dim_bits, drop_axis, log2, pure, remap, rename, slice_layout,
                           to_coord, to_flat, xor_span)
 from newtc.syntax import parse
@@ -224,7 +225,7 @@ def test_rename_refuses_when_data_must_move():
 # ---- what codegen reads off the bases ------------------------------------------------------------------
 def cuda(body: str, sig: dict, constexprs: dict | None = None, num_warps: int = 4) -> codegen.Generated:
     text = f"kernel k({', '.join(sig)}):\n" + textwrap.indent(textwrap.dedent(body), "    ")
-    k = check(parse(text, "t.nk"), "k", sig, constexprs or {}, num_warps)
+    k = check(parse(text, "t.nk"), "k", Spec.of(sig, constexprs, num_warps=num_warps))
     k = passes.run_passes(k)
     ir.verify(k)
     return codegen.generate(k, "t.nk")
@@ -332,7 +333,7 @@ def test_trans_of_a_loaded_tile_goes_through_shared_memory():
 def test_layouts_are_printed_in_the_ir():
     text = "kernel k(x, out):\n" + textwrap.indent(ROWS.replace("R", "4").replace("C", "128"), "    ") + \
         "    store(out + r, sum(v, axis=1))\n"
-    k = passes.run_passes(check(parse(text, "t.nk"), "k", {"x": Ptr(f32), "out": Ptr(f32)}, {}))
+    k = passes.run_passes(check(parse(text, "t.nk"), "k", Spec.of({"x": Ptr(f32), "out": Ptr(f32)})))
     out = ir.print_kernel(k)
     assert "f32[4, 128] #r[1, 2] l[4, 8, 16, 32, 64] w[128, 256]" in out
     assert "f32[4] #r[] l[0, 0, 0, 0, 0] w[1, 2]" in out

@@ -288,8 +288,8 @@ class Codegen:
         down = step_op is not None and step_op.kind == "const" and step_op.attrs["value"] < 0
         ivn = self.name_of(iv)
         t = cexpr.ctype(iv.type.dtype)
-        if self.k.num_stages > 1:  # unrolled, the next iterations' loads are issued before this one's math
-            self.emit(f"#pragma unroll {self.k.num_stages}")
+        if self.k.spec.num_stages > 1:  # unrolled, the next iterations' loads are issued before this one's math
+            self.emit(f"#pragma unroll {self.k.spec.num_stages}")
         self.emit(f"for ({t} {ivn} = {lo}; {ivn} {'>' if down else '<'} {hi}; {ivn} += {step}) {{")
         self.nested(body, list(zip(carried, body.ops[-1].args)), stage=True)
         self.emit("}")
@@ -326,7 +326,7 @@ class Codegen:
             self.names[id(p)] = param_name(p.name)
             params.append(f"{cexpr.ctype(p.type.dtype)} {self.names[id(p)]}")
         self.region(k.body)
-        threads = 32 * k.num_warps
+        threads = 32 * k.spec.num_warps
         smem = self.halves[0] + self.halves[1]
         symbol = f"nk_{k.name}"  # prefixed: a kernel named like a CUDA builtin (norm, exp) must not clash
         lines = [PRELUDE.strip(), "",

@@ -106,7 +106,7 @@ def region(r: ir.Region) -> None:
 
 def analyze_axes(k: ir.Kernel) -> ir.Kernel:
     for p in k.params:
-        if p.name in k.aligned:
+        if p.name in k.spec.aligned:
             p.facts = Facts(1, 16, 1)
     region(k.body)
     return k

@@ -29,7 +29,7 @@ class LayoutPlan:
     def default(self, t) -> Layout:
         shape = t.shape
         vec = self.vec.get(shape) or 16 // max(1, t.dtype.itemsize)
-        return blocked(shape, self.k.num_warps, vec)
+        return blocked(shape, self.k.spec.num_warps, vec)
 
     def of(self, v: ir.Value) -> Layout:
         """The layout a block value is computed in (anchored, or the default when free)."""
@@ -42,7 +42,7 @@ class LayoutPlan:
         bits = [1 << (b + nn) for b in range(nk)]  # K bits sit above N's in the [M, K, N] flat index
         rest = [1 << b for b in range(nn)] + [1 << (b + nn + nk) for b in range(nm)]
         lane = [rest.pop(0) if rest else 0 for _ in range(5)]
-        warp = [rest.pop(0) if rest else 0 for _ in range(log2(self.k.num_warps))]
+        warp = [rest.pop(0) if rest else 0 for _ in range(log2(self.k.spec.num_warps))]
         return Layout((m, kk, n), tuple(bits + rest), tuple(lane), tuple(warp))
 
     def region(self, r: ir.Region) -> None:

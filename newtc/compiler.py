@@ -1,0 +1,67 @@
+"""The pipeline in one place: a parsed module and a specialization -> typed IR -> CUDA C++ -> cubin.
+
+    out = compile(module, "add", Spec.of({"x": Ptr(f32), ...}, {"BLOCK": 1024}), until="cuda")
+
+Torch-free, so that the `newtc` command, the jit and the tests share it without importing torch.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from . import ast as A
+from . import check, codegen, ir, nvrtc, passes
+from .errors import SOURCES, NkError, flag
+
+STAGES = ("ir", "cuda", "cubin")  # `until`: the typed IR after the passes, the CUDA C++, NVRTC's cubin and PTX
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything a compiled kernel depends on besides its source: one specialization."""
+
+    sig: tuple = ()  # (name, DType | Ptr) of each runtime parameter
+    constexprs: tuple = ()  # (name, value) of each constexpr given at launch (or by -D)
+    num_warps: int = 4
+    num_stages: int = 1
+    idx64: bool = False  # 64-bit offsets: a tensor argument spans 2 GiB or more
+    aligned: tuple = ()  # parameters that are multiples of 16 (ints) or 16-byte aligned (pointers)
+    arch: str = "sm_90a"
+
+    def __post_init__(self):  # sorted: the repr is a cache key, the same in every process
+        object.__setattr__(self, "aligned", tuple(sorted(self.aligned)))
+
+    @staticmethod
+    def of(sig: dict, constexprs: dict | None = None, **options) -> "Spec":
+        return Spec(tuple(sig.items()), tuple((constexprs or {}).items()), **options)
+
+    @property
+    def types(self) -> dict:
+        return dict(self.sig)
+
+    @property
+    def values(self) -> dict:
+        return dict(self.constexprs)
+
+
+@dataclass
+class Output:
+    kernel: ir.Kernel  # after the passes
+    cuda: codegen.Generated | None = None
+    binary: nvrtc.Compiled | None = None  # the cubin and the PTX
+
+
+def compile(module: A.Module, name: str, spec: Spec, until: str = "cubin") -> Output:
+    """Run the stages in order up to `until` (one of STAGES)."""
+    if until not in STAGES:
+        raise NkError(f"unknown stage '{until}'", hint=f"stages: {', '.join(STAGES)}")
+    SOURCES[module.file] = module.source  # diagnostics quote this module even if another reused its name
+    k = passes.run_passes(check.check(module, name, spec))  # check, then the passes
+    if until == "ir":
+        return Output(k)
+    gen = codegen.generate(k, module.file)  # codegen
+    if flag("NEWT_DEBUG"):
+        print(f"// ---- newt: {k.name} {spec}\n{gen.source}", file=sys.stderr)
+    if until == "cuda":
+        return Output(k, gen)
+    return Output(k, gen, nvrtc.compile(gen.source, gen.name, spec.arch))  # nvrtc
