@@ -948,19 +948,25 @@ def _trans(c: Checker, span, x, *dims):
 
 
 @builtin("dot")
-def _dot(c: Checker, span, a, b, acc=None):
+def _dot(c: Checker, span, a, b, acc=None, input_precision="tf32"):
     for v in (a, b):
         if not isinstance(v, ir.Value) or len(v.type.shape) != 2:
             raise NkError(f"dot() takes two 2-D blocks, got {describe(v)}", span)
     (m, k), (k2, n) = a.type.shape, b.type.shape
     if k != k2:
         raise NkError(f"dot() inner dimensions differ: {a.type} @ {b.type}", span)
-    out = acc.type.dtype if isinstance(acc, ir.Value) else (f64 if a.type.dtype == f64 else f32)
+    if input_precision not in ("tf32", "ieee"):
+        raise NkError(f"input_precision must be 'tf32' or 'ieee', got {input_precision!r}", span,
+                      "'tf32' runs f32 operands on the tensor cores, 'ieee' keeps full f32 (CUDA cores)")
     if a.type.dtype != b.type.dtype:
         dt = promote(a.type.dtype, b.type.dtype)
         a, b = c.cast(a, dt, span), c.cast(b, dt, span)
+    dt = a.type.dtype
+    natural = f64 if dt == f64 else i32 if dt.is_int or dt == bool_ else f32
+    out = acc.type.dtype if isinstance(acc, ir.Value) else natural
     acc = c.to_shape(c.cast(c.value(0 if acc is None else acc, span, out), out, span), (m, n), span)
-    return c.emit("dot", [a, b, acc], Type((m, n), out), span)
+    attrs = {"precision": input_precision} if dt == f32 else {}
+    return c.emit("dot", [a, b, acc], Type((m, n), out), span, attrs)
 
 
 @builtin("static_assert")

@@ -13,7 +13,9 @@ from . import ast as A
 from . import check, codegen, ir, nvrtc, passes
 from .errors import SOURCES, NkError, flag
 
-STAGES = ("ir", "cuda", "cubin")  # `until`: the typed IR after the passes, the CUDA C++, NVRTC's cubin and PTX
+# `until`: the typed IR as the checker made it (what the interpreter runs), after the passes, the CUDA C++,
+# NVRTC's cubin and PTX
+STAGES = ("checked", "ir", "cuda", "cubin")
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,10 @@ def compile(module: A.Module, name: str, spec: Spec, until: str = "cubin") -> Ou
     if until not in STAGES:
         raise NkError(f"unknown stage '{until}'", hint=f"stages: {', '.join(STAGES)}")
     SOURCES[module.file] = module.source  # diagnostics quote this module even if another reused its name
-    k = passes.run_passes(check.check(module, name, spec))  # check, then the passes
+    k = check.check(module, name, spec)  # check
+    if until == "checked":
+        return Output(k)
+    k = passes.run_passes(k)  # passes
     if until == "ir":
         return Output(k)
     gen = codegen.generate(k, module.file)  # codegen

@@ -28,6 +28,18 @@ Every value has a Type (shape, dtype) and, after the layout pass, a Layout. Op k
   if          (cond)                  regions then, else; each ends in yield; results
   yield       (*values)
   print       (*values)          attrs prefix
+
+Made by the passes (the checker never emits them; the interpreter runs the IR before the passes):
+  convert     (x)                                          the same block in another register layout
+  alloc                          attrs offset (bytes, set by passes.smem)   a shared-memory buffer: its type's
+                                                           dtype is a Buffer, its layout a shared layout
+  local_store (buf, x, slot|None)                          write a block into (a slot of) a buffer
+  local_load  (buf, slot|None)   attrs start (coordinate of the sub-tile read)
+  async_copy  (buf, ptr, mask|None, slot)                  cp.async of a pointer block into a slot
+  async_commit, async_wait       attrs pending              cp.async groups
+  barrier                                                  __syncthreads
+reduce takes a scratch buffer as a second operand when warps meet along the axis; a scalar atomic
+takes one as its last operand (the old value reaches every thread through it).
 """
 from __future__ import annotations
 
@@ -49,12 +61,46 @@ ELEMENTWISE = ELEMENTWISE_BINARY | COMPARISONS | ELEMENTWISE_UNARY | {"fma", "wh
 VIEWS = {"splat", "broadcast", "expand_dims", "reshape", "trans"}
 
 
+@dataclass(frozen=True)
+class Buffer:
+    """The dtype of a shared-memory buffer: `slots` copies of a tile of `elem` (a ring when slots > 1)."""
+    elem: Any
+    slots: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"smem<{self.elem}{f' x{self.slots}' if self.slots > 1 else ''}>"
+
+    def __repr__(self) -> str:
+        return self.name
+
+    kind = "s"
+    bits = 0
+    is_float = False
+    is_int = False
+
+
+def buffer_bytes(v: "Value") -> int:
+    return v.type.numel * v.type.dtype.elem.itemsize * v.type.dtype.slots
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What passes.axisinfo knows about the values of a block along its last dimension (see there)."""
+    contig: int = 1
+    div: int = 1
+    const: int = 1
+
+
+UNKNOWN = Facts()
+
+
 @dataclass(eq=False)
 class Value:
     type: Type
     name: str = ""
     layout: Any = None  # set by passes.layouts for blocks; None = recomputed in each consumer's layout
-    facts: Any = None  # set by passes.axisinfo: what is known about its values (contiguity, divisibility)
+    facts: Facts | None = None  # set by passes.axisinfo: what is known about its values
     id: int = field(default_factory=lambda: next(_ids))
 
     def __repr__(self) -> str:
@@ -90,6 +136,7 @@ class Kernel:
     body: Region
     spec: Any  # the compiler.Spec it was typed for
     span: Span | None = None
+    smem_bytes: int = 0  # set by passes.smem
 
 
 def walk(region: Region):

@@ -354,7 +354,7 @@ class Kernel:
         launcher(_stream(device), values, *grid)
 
     def interpret(self, grid, args, meta) -> None:
-        k = compiler.compile(self.module.ast, self.name, self.specialize(args, meta), "ir").kernel
+        k = compiler.compile(self.module.ast, self.name, self.specialize(args, meta), "checked").kernel
         host = [a.cpu() if isinstance(a, Tensor) and a.device.type != "cpu" else a for a in args]
         interpret.run(k, grid, host)
         for a, h in zip(args, host):

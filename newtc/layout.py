@@ -1,11 +1,16 @@
-"""Distributed layouts: where each element of a block lives (design section 5).
+"""Layouts: where each element of a block lives, in registers or in shared memory (design section 5).
 
 A block of shape (d0, ..., dk), every dim a power of two, has a row-major flat index whose bits
-are the concatenated bits of the coordinates. A layout gives, for each bit of the register index
-(r), the lane (l) and the warp (w), a basis: a flat index. The element held at (r, l, w) is the XOR
-of the bases of the set bits; a zero basis means replication. Shape operations (expand_dims,
-broadcast, reshape, trans) are linear maps on flat bits, so they map layouts exactly (`remap`);
-reductions drop the reduced axis (`slice_layout`); a conversion is free when the thread bases match.
+are the concatenated bits of the coordinates. A register layout gives, for each bit of the register
+index (r), the lane (l) and the warp (w), a basis: a flat index. The element held at (r, l, w) is the
+XOR of the bases of the set bits; a zero basis means replication. A shared layout gives a basis for
+each bit of the element offset (o) in a shared-memory buffer, so a swizzle is just another linear map
+(over GF(2)), and the offset of an element is its flat index through the inverse map (`inverse`).
+
+Shape operations (expand_dims, broadcast, reshape, trans) are linear maps on flat bits, so they map
+layouts exactly (`remap`); reductions drop the reduced axis (`slice_layout`); a conversion is free
+when the thread bases match (`rename`). Tensor-core fragments (`mma_acc`, `mma_operand`) and the
+swizzled tiles they are read from (`swizzled`, with `ldmatrix` reading the bases) are layouts too.
 """
 from __future__ import annotations
 
@@ -47,8 +52,9 @@ def xor_span(bases, index: int) -> int:
 class Layout:
     shape: tuple
     reg: tuple  # flat-index basis of each register-index bit
-    lane: tuple  # of each of the 5 lane bits
-    warp: tuple  # of each warp bit
+    lane: tuple = ()  # of each of the 5 lane bits
+    warp: tuple = ()  # of each warp bit
+    offset: tuple = ()  # shared memory: of each bit of the element offset (register layouts have none)
 
     @property
     def nregs(self) -> int:
@@ -57,7 +63,13 @@ class Layout:
     def reg_flat(self, i: int) -> int:
         return xor_span(self.reg, i)
 
+    @property
+    def shared(self) -> bool:
+        return bool(self.offset)
+
     def short(self) -> str:
+        if self.shared:
+            return f"o{list(self.offset)}"
         return f"r{list(self.reg)} l{list(self.lane)} w{list(self.warp)}"
 
     @property
@@ -81,10 +93,12 @@ class Layout:
         return sum(1 << k for k, b in enumerate(self.warp) if b == 0)
 
 
-def blocked(shape: tuple, num_warps: int, vec: int) -> Layout:
-    """The group-cyclic layout: `vec` consecutive elements per thread, then lanes, warps, more registers."""
-    nbits = sum(log2(d) for d in shape)
-    free = list(range(nbits))
+def blocked(shape: tuple, num_warps: int, vec: int, order: tuple | None = None) -> Layout:
+    """The group-cyclic layout: `vec` consecutive elements per thread, then lanes, warps, more registers.
+    Elements are consecutive along the dims in `order`, fastest first (default: the last dim first)."""
+    order = order if order is not None else tuple(reversed(range(len(shape))))
+    free = [s + b for s, w in (dim_bits(shape)[d] for d in order) for b in range(w)]
+    nbits = len(free)
 
     def take(n: int) -> list[int]:
         got = [1 << free.pop(0) if free else 0 for _ in range(n)]
@@ -146,3 +160,128 @@ def rename(src: Layout, dst: Layout) -> list[int] | None:
 def pure(layout: Layout, mask: int) -> bool:
     """Every basis lies entirely inside or entirely outside the bit mask (reductions need this)."""
     return all(b & mask in (0, b) for b in layout.reg + layout.lane + layout.warp)
+
+
+# ---- shared memory ------------------------------------------------------------------------------------
+def solve(bases, target: int) -> int | None:
+    """The index x whose XOR of selected bases (xor_span(bases, x)) is target, or None if none is."""
+    rows: list[tuple[int, int]] = []  # (image, preimage), distinct leading bits
+    for k, b in enumerate(bases):
+        img, pre = b, 1 << k
+        for r_img, r_pre in rows:
+            if img & (1 << (r_img.bit_length() - 1)):
+                img, pre = img ^ r_img, pre ^ r_pre
+        if img:
+            rows.append((img, pre))
+            rows.sort(reverse=True)
+    x = 0
+    for r_img, r_pre in rows:
+        if target & (1 << (r_img.bit_length() - 1)):
+            target, x = target ^ r_img, x ^ r_pre
+    return x if target == 0 else None
+
+
+def inverse(layout: Layout) -> tuple:
+    """For a shared layout, the element offset of each flat-index bit (a bijection, so the inverse is linear)."""
+    nbits = sum(log2(d) for d in layout.shape)
+    out = tuple(solve(layout.offset, 1 << j) for j in range(nbits))
+    if None in out:
+        raise ValueError(f"shared layout {layout.short()} does not cover {layout.shape}")
+    return out
+
+
+def row_major(shape: tuple, order: tuple | None = None) -> Layout:
+    """The plain shared layout: elements stored consecutively along `order` (fastest first), no swizzle."""
+    order = order if order is not None else tuple(reversed(range(len(shape))))
+    bits = [s + b for s, w in (dim_bits(shape)[d] for d in order) for b in range(w)]
+    return Layout(tuple(shape), (), offset=tuple(1 << b for b in bits))
+
+
+def swizzled(shape: tuple, order: tuple, itemsize: int) -> Layout:
+    """A 2-D tile stored along order[0] in rows, its 16-byte chunks XOR-ed with the row index (the row
+    modulo 128 bytes' worth of rows) so that 8 rows' chunks land in 8 distinct bank groups: what an
+    ldmatrix phase (8 row addresses of 16 bytes) and a warp's 16-byte stores need to be conflict free."""
+    inner, outer = order
+    vec = 16 // itemsize
+    cols, rows = shape[inner], shape[outer]
+    (cs, cw), (rs, rw) = dim_bits(shape)[inner], dim_bits(shape)[outer]
+    per_phase = max(1, 128 // (cols * itemsize))  # rows sharing one 128-byte line share a phase
+    chunk_bits = max(0, cw - log2(vec))
+    phases = min(chunk_bits, 3, max(0, rw - log2(per_phase)))
+    offset = [1 << (cs + b) for b in range(cw)]
+    for b in range(rw):
+        base = 1 << (rs + b)
+        p = b - log2(per_phase)
+        if 0 <= p < phases:  # this row bit flips a chunk bit: storing row r at chunk c ^ phase(r)
+            base |= 1 << (cs + log2(vec) + p)
+        offset.append(base)
+    return Layout(tuple(shape), (), offset=tuple(offset))
+
+
+# ---- tensor cores (mma.sync m16n8k*) ---------------------------------------------------------------
+def mma_warps(m: int, n: int, num_warps: int) -> tuple[int, int]:
+    """Warps along M and N for an [m, n] accumulator: split the longer side (in 16x8 tiles) first, as
+    Triton does; warps beyond the tiles replicate."""
+    wm, wn = 1, 1
+    while wm * wn < num_warps:
+        if m // 16 // wm >= n // 16 // wn and wm < m // 16:
+            wm *= 2
+        elif wn < n // 8:
+            wn *= 2
+        elif wm < m // 16:
+            wm *= 2
+        else:
+            break
+    return wm, wn
+
+
+def _bits(shape: tuple, dim: int) -> list[int]:
+    s, w = dim_bits(shape)[dim]
+    return [1 << (s + b) for b in range(w)]
+
+
+def mma_acc(shape: tuple, warps: tuple, num_warps: int) -> Layout:
+    """The accumulator of mma.m16n8: c0,c1 at (g, 2t..2t+1), c2,c3 at row g+8 for lane 4g+t. Each warp
+    owns a contiguous [M/wm, N/wn] tile of 16x8 instruction tiles; the tiles repeat in registers."""
+    rows, cols = _bits(shape, 0), _bits(shape, 1)
+    wm, wn = warps
+    mw, nw = log2(shape[0] // wm), log2(shape[1] // wn)  # bits of the per-warp tile
+    reg = [cols[0], rows[3], *cols[3:nw], *rows[4:mw]]
+    lane = [cols[1], cols[2], rows[0], rows[1], rows[2]]
+    warp = rows[mw:] + cols[nw:]
+    warp += [0] * (log2(num_warps) - len(warp))
+    return Layout(tuple(shape), tuple(reg), tuple(lane), tuple(warp))
+
+
+def mma_operand(idx: int, shape: tuple, warps: tuple, num_warps: int, kwidth: int) -> Layout:
+    """Operand A ([M, K], idx 0) or B ([K, N], idx 1) of mma.m16n8k(8 * kwidth), kwidth elements per 32-bit
+    register: each register holds kwidth consecutive k; lanes t = lane % 4 hold the next k groups, lanes
+    g = lane / 4 the rows of A (columns of B); one more register bit is row 8 (A), the last is the upper
+    half of k. Warps follow the accumulator's along M (A) or N (B) and replicate along the other."""
+    kdim, odim = (1, 0) if idx == 0 else (0, 1)
+    ks, other = _bits(shape, kdim), _bits(shape, odim)
+    wm, wn = warps
+    w_other = wm if idx == 0 else wn
+    ob = log2(shape[odim] // w_other)  # bits of the per-warp extent along M (A) or N (B)
+    kw = log2(kwidth)
+    frag = ks[:kw] + ([other[3]] if idx == 0 else []) + [ks[kw + 2]]
+    repeat = (other[4:ob] if idx == 0 else other[3:ob]) + ks[kw + 3:]
+    lane = [ks[kw], ks[kw + 1], other[0], other[1], other[2]]
+    mine = other[ob:]
+    warp = (mine + [0] * log2(wn)) if idx == 0 else ([0] * log2(wm) + mine)
+    warp += [0] * (log2(num_warps) - len(warp))
+    return Layout(tuple(shape), tuple(frag + repeat), tuple(lane), tuple(warp))
+
+
+def restrict(layout: Layout, shape: tuple) -> Layout:
+    """The layout of the sub-tile [0, shape) of a block: register bits that step outside it select other
+    sub-tiles and are dropped; lanes and warps must stay inside (each thread keeps its own slice)."""
+    def sub(b: int, reg: bool) -> int | None:
+        c = to_coord(layout.shape, b)
+        if any(ci >= d for ci, d in zip(c, shape)):
+            if not reg:
+                raise ValueError(f"{layout.short()} spreads threads beyond the sub-tile {shape}")
+            return None
+        return to_flat(shape, c)
+    reg = tuple(r for r in (sub(b, True) for b in layout.reg) if r is not None)
+    return Layout(tuple(shape), reg, tuple(sub(b, False) for b in layout.lane), tuple(sub(b, False) for b in layout.warp))

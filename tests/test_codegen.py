@@ -115,7 +115,8 @@ SPECS = [
     spec("gelu", "bias_gelu", "f32", gelu_sig(f32), {"BLOCK": 1024}, 4, *VEC),
     spec("gelu", "bias_gelu", "f16", gelu_sig(f16), {"BLOCK": 1024}, 4, *VEC),
     spec("transpose", "transpose", "f32", transpose_sig(f32), {"BM": 32, "BN": 32}, 4, *SMEM, "LDG.E.128"),
-    spec("transpose", "transpose", "f16", transpose_sig(f16), {"BM": 32, "BN": 32}, 4, *SMEM),
+    # f16: the transposed read is whole 8x8 matrices, one ldmatrix.trans each
+    spec("transpose", "transpose", "f16", transpose_sig(f16), {"BM": 32, "BN": 32}, 4, "STS", "LDSM", "BAR.SYNC"),
 ]
 
 

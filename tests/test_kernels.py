@@ -9,7 +9,7 @@ import newtc
 
 MATMUL = """\
 # C = A @ B with a K loop: the CUDA-core dot on small tiles.
-kernel matmul(a, b, c, M, N, K, BM: constexpr, BN: constexpr, BK: constexpr):
+kernel matmul(a, b, c, M, N, K, BM: constexpr, BN: constexpr, BK: constexpr, PREC: constexpr = "tf32"):
     rm = program_id(0) * BM + arange(0, BM)
     rn = program_id(1) * BN + arange(0, BN)
     acc = zeros([BM, BN], f32)
@@ -17,7 +17,7 @@ kernel matmul(a, b, c, M, N, K, BM: constexpr, BN: constexpr, BK: constexpr):
         rk = k + arange(0, BK)
         x = load(a + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
         y = load(b + rk[:, None] * N + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
-        acc += dot(x, y)
+        acc += dot(x, y, input_precision=PREC)
     store(c + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 # Per row: the index of the largest element (first one on ties).
@@ -44,16 +44,17 @@ def devices():
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_matmul_with_dot(mod, device, dtype):
+@pytest.mark.parametrize("dtype,prec,tol", [(torch.float32, "ieee", 1e-5), (torch.float32, "tf32", 2e-3),
+                                            (torch.float16, "tf32", 1e-5)])
+def test_matmul_with_dot(mod, device, dtype, prec, tol):
     M, N, K = (37, 45, 70) if device == "cpu" else (300, 257, 190)
     a = torch.randn(M, K, device=device).to(dtype)
     b = torch.randn(K, N, device=device).to(dtype)
     c = torch.full((M, N), float("nan"), device=device)
-    mod.matmul[(-(-M // 16), -(-N // 16))](a, b, c, M, N, K, BM=16, BN=16, BK=16)
+    mod.matmul[(-(-M // 16), -(-N // 16))](a, b, c, M, N, K, BM=16, BN=16, BK=16, PREC=prec)
     ref = a.double() @ b.double()
     err = (c.double() - ref).norm() / ref.norm()
-    assert torch.isfinite(c).all() and err < 1e-5
+    assert torch.isfinite(c).all() and err < tol
 
 
 @pytest.mark.parametrize("device", devices())
@@ -77,5 +78,6 @@ def test_histogram_atomics(mod, device):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_dot_compiles_without_local_memory(mod, arch):
     a = torch.randn(16, 16)
-    sass = mod.matmul.sass(a, a, a, 16, 16, 16, BM=16, BN=16, BK=16, arch=arch)
-    assert "FFMA" in sass and "LDL" not in sass and "STL" not in sass
+    for prec, unit in (("ieee", "FFMA"), ("tf32", "HMMA")):  # f32 operands: CUDA cores, or tensor cores as tf32
+        sass = mod.matmul.sass(a, a, a, 16, 16, 16, BM=16, BN=16, BK=16, PREC=prec, arch=arch)
+        assert unit in sass and "LDL" not in sass and "STL" not in sass

@@ -9,8 +9,11 @@ from __future__ import annotations
 from .. import ir
 from ..errors import NkError
 from ..layout import Layout
-from ..passes.axisinfo import facts
 from . import cexpr
+
+
+def facts(v) -> ir.Facts:
+    return v.facts if v is not None and v.facts is not None else ir.UNKNOWN
 
 
 def group_size(layout: Layout, itemsize: int) -> int:
@@ -41,37 +44,18 @@ def branch(cond: str, vector: list[str], scalar: list[str]) -> str:
     return f"if ({cond}) {{ {' '.join(vector)} }} else {{ {' '.join(scalar)} }}"
 
 
-def access_layout(cg, op: ir.Op) -> Layout:
-    ptr = op.args[0]
-    if op.kind == "store" and op.args[1].layout is not None:
-        return op.args[1].layout
-    return ptr.layout or cg.plan.default(ptr.type.with_dtype(ptr.type.dtype.elem))
-
-
-def load_or_atomic(cg, op: ir.Op) -> None:
+def load(cg, op: ir.Op) -> None:
     res = op.result
     t = cexpr.ctype(res.type.dtype)
-    name = cg.name_of(res)
     if not res.type.shape:
-        if op.kind == "load":
-            cg.emit(f"{t} const {name} = {scalar_load(cg, op)};")
-        else:  # one thread performs it; the old value reaches every thread through shared memory
-            base = f"(({t}*){cg.scratch(8)})"
-            e = atomic_expr(op, *[cg.scalar(a) for a in op.args[:-1] if a is not None])
-            mask = op.args[-1]
-            cg.emit(f"if (nk_tid == 0) {base}[0] = {cg.scalar(mask) + ' ? ' + e + ' : ' + 'nk_zero<' + t + '>()' if mask else e};")
-            cg.barrier()
-            cg.emit(f"{t} const {name} = {base}[0];")
+        cg.emit(f"{t} const {cg.name_of(res)} = {scalar_load(cg, op)};")
         return
     layout = res.layout
     n = layout.nregs
-    cg.emit(f"{t} {name}[{n}];")
-    if op.kind == "atomic":
-        atomics(cg, op, layout, name)
-        return
-    ptrs = cg.regs(op.args[0], layout)
-    masks = cg.regs(op.args[1], layout) if op.args[1] is not None else None
-    others = cg.regs(op.args[2], layout) if op.args[2] is not None else [f"nk_zero<{t}>()"] * n
+    name = cg.array(res)
+    ptrs = cg.regs(op.args[0])
+    masks = cg.regs(op.args[1]) if op.args[1] is not None else None
+    others = cg.regs(op.args[2]) if op.args[2] is not None else [f"nk_zero<{t}>()"] * n
     g = group_size(layout, res.type.dtype.itemsize)
     static = proven(op.args[0], op.args[1], layout, g, g * res.type.dtype.itemsize)
     for base in range(0, n, g):
@@ -107,9 +91,9 @@ def store(cg, op: ir.Op) -> None:
         cond = "nk_tid == 0" + (f" && {cg.scalar(mask)}" if mask is not None else "")
         cg.emit(f"if ({cond}) *{cg.scalar(ptr)} = {cg.scalar(val)};")
         return
-    layout = access_layout(cg, op)
-    ptrs, vals = cg.regs(ptr, layout), cg.regs(val, layout)
-    masks = cg.regs(mask, layout) if mask is not None else None
+    layout = val.layout
+    ptrs, vals = cg.regs(ptr), cg.regs(val)
+    masks = cg.regs(mask) if mask is not None else None
     t = cexpr.ctype(val.type.dtype)
     g = group_size(layout, val.type.dtype.itemsize)
     static = proven(ptr, mask, layout, g, g * val.type.dtype.itemsize)
@@ -154,10 +138,21 @@ def atomic_expr(op: ir.Op, ptr: str, *vals: str) -> str:
     return f"{FUNCS[kind]}({ptr}, {', '.join(vals)})"
 
 
-def atomics(cg, op: ir.Op, layout: Layout, name: str) -> None:
-    cols = [cg.regs(a, layout) for a in op.args[:-1]]
-    mask = cg.regs(op.args[-1], layout) if op.args[-1] is not None else None
-    t = cexpr.ctype(op.result.type.dtype)
+def atomic(cg, op: ir.Op) -> None:
+    res = op.result
+    t = cexpr.ctype(res.type.dtype)
+    if not res.type.shape:  # one thread performs it; the old value reaches every thread through shared memory
+        *args, mask, buf = op.args
+        base = f"(({t}*)(nk_smem + {cg.defs[id(buf)].attrs['offset']}))"
+        e = atomic_expr(op, *[cg.scalar(a) for a in args])
+        cg.emit(f"if (nk_tid == 0) {base}[0] = {f'{cg.scalar(mask)} ? {e} : nk_zero<{t}>()' if mask else e};")
+        cg.emit("__syncthreads();")
+        cg.emit(f"{t} const {cg.name_of(res)} = {base}[0];")
+        return
+    layout = res.layout
+    name = cg.array(res)
+    cols = [cg.regs(a) for a in op.args[:-1]]
+    mask = cg.regs(op.args[-1]) if op.args[-1] is not None else None
     owner = cg.owner(layout)
     for i in range(layout.nregs):
         e = atomic_expr(op, *[c[i] for c in cols])

@@ -27,6 +27,18 @@ template <> struct nk_word<8> { typedef nk_w8 t; };
 template <> struct nk_word<4> { typedef unsigned t; };
 template <> struct nk_word<2> { typedef unsigned short t; };
 template <class T, int N> union nk_pack { typename nk_word<sizeof(T) * N>::t w; T e[N]; };
+// Tensor-core operands: 32-bit registers of packed elements.
+__device__ __forceinline__ unsigned nk_pack2(nk_f16 a, nk_f16 b) { return (unsigned)a.x | ((unsigned)b.x << 16); }
+__device__ __forceinline__ unsigned nk_pack2(nk_bf16 a, nk_bf16 b) { return (unsigned)a.x | ((unsigned)b.x << 16); }
+template <class T> __device__ __forceinline__ unsigned nk_pack4(T a, T b, T c, T d) {
+  return (unsigned)(unsigned char)a | ((unsigned)(unsigned char)b << 8) | ((unsigned)(unsigned char)c << 16) | ((unsigned)(unsigned char)d << 24);
+}
+__device__ __forceinline__ unsigned nk_bits32(float x) { return __float_as_uint(x); }
+// cp.async of B bytes into shared memory (zeros where pred is false): 16 bytes skip L1.
+template <int B> __device__ __forceinline__ void nk_cp_async(unsigned dst, const void* src, bool pred) {
+  if (B == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(pred ? 16 : 0));
+  else asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" :: "r"(dst), "l"(src), "n"(B), "r"(pred ? B : 0));
+}
 // Floating-point atomic max/min by compare-and-swap on the bits.
 template <class T, class B> __device__ __forceinline__ T nk_atomic_minmax(T* p, T v, bool is_max) {
   B* a = (B*)p; B old = *a, assumed;

@@ -1,11 +1,11 @@
 """Reductions read off the layout's bases: registers along the axis combine in place, lanes along it
-with a butterfly of warp shuffles, warps along it through shared memory. The CUDA-core `dot` is a
-product in a 3-D layout followed by the same register-level reduction."""
+with a butterfly of warp shuffles, warps along it through shared memory (the scratch buffer that
+passes.lower gave the op)."""
 from __future__ import annotations
 
 from .. import ir
 from ..errors import NkError
-from ..layout import Layout, axis_mask, pure, remap, slice_layout
+from ..layout import Layout, axis_mask, pure, slice_layout
 from . import cexpr
 
 
@@ -24,9 +24,11 @@ def step(kind: str, acc: str, idx: str | None, b: str, bi: str | None, dt) -> st
     return f"if ({better(kind, acc, b)} || ({b} == {acc} && {bi} < {idx})) {{ {acc} = {b}; {idx} = {bi}; }}"
 
 
-def reduce_regs(cg, kind: str, dt, xs: list[str], layout: Layout, axis: int, span) -> tuple[list[str], list[str] | None]:
-    """Reduce one value held in `layout` along `axis`; returns the accumulator (and index) registers
-    of the result in slice_layout(layout, axis), identical in every thread that holds them."""
+def reduce_regs(cg, kind: str, dt, xs: list[str], layout: Layout, axis: int, span,
+                scratch: int | None) -> tuple[list[str], list[str] | None]:
+    """Reduce one value held in `layout` along `axis` (warps meet at byte `scratch` of shared memory);
+    returns the accumulator (and index) registers of the result in slice_layout(layout, axis),
+    identical in every thread that holds them."""
     m = axis_mask(layout.shape, axis)
     if not pure(layout, m):
         raise NkError("internal: reduction over a layout that mixes the axis with other dims", span)
@@ -67,15 +69,14 @@ def reduce_regs(cg, kind: str, dt, xs: list[str], layout: Layout, axis: int, spa
         for d in out.shape:
             numel *= d
         slots = 1 << len(wbits)
-        tsize = 8 if t in ("double", "long long", "unsigned long long") else 4
-        vbytes = slots * numel * tsize
-        base = cg.scratch(vbytes + (slots * numel * 4 if arg else 0))
+        vbytes = slots * numel * 8  # passes.lower allots 8 bytes a value, then 4 an index
+        base = f"(nk_smem + {scratch})"
         wa = " | ".join(f"(((nk_warp >> {k}) & 1) << {n_})" for n_, k in enumerate(wbits))
         buf, ibuf = f"(({t}*){base})", f"((int*)({base} + {vbytes}))"
         for i in range(n):
             f = cg.flat(out, i) if out.shape else "0"
             cg.emit(f"{buf}[({wa}) * {numel} + {f}] = {acc}[{i}];" + (f" {ibuf}[({wa}) * {numel} + {f}] = {idx}[{i}];" if arg else ""))
-        cg.barrier()
+        cg.emit("__syncthreads();")
         for i in range(n):
             f = cg.flat(out, i) if out.shape else "0"
             stmts = [f"{acc}[{i}] = {buf}[{f}];" + (f" {idx}[{i}] = {ibuf}[{f}];" if arg else "")]
@@ -88,23 +89,10 @@ def reduce_regs(cg, kind: str, dt, xs: list[str], layout: Layout, axis: int, spa
 
 def reduce_op(cg, op: ir.Op) -> None:
     x, res = op.args[0], op.result
-    layout = cg.plan.of(x)
-    accs, idxs = reduce_regs(cg, op.attrs["kind"], x.type.dtype, cg.regs(x, layout), layout, op.attrs["axis"], op.span)
+    scratch = cg.defs[id(op.args[1])].attrs["offset"] if len(op.args) > 1 else None
+    accs, idxs = reduce_regs(cg, op.attrs["kind"], x.type.dtype, cg.regs(x), x.layout, op.attrs["axis"], op.span,
+                             scratch)
     if idxs is not None:
         cg.define(res, idxs)
     else:
         cg.define(res, [cexpr.narrow(a, res.type.dtype) for a in accs])
-
-
-def dot(cg, op: ir.Op) -> None:
-    a, b, acc = op.args
-    l3 = cg.plan.dot_layout(op)
-    xa = cg.regs(a, remap(l3, a.type.shape, lambda c: (c[0], c[1])))
-    xb = cg.regs(b, remap(l3, b.type.shape, lambda c: (c[1], c[2])))
-    dt = a.type.dtype
-    prods = [f"({cexpr.widen(p, dt)} * {cexpr.widen(q, dt)})" for p, q in zip(xa, xb)]
-    sums, _ = reduce_regs(cg, "sum", cexpr.accumulator(dt), prods, l3, 1, op.span)
-    res = op.result
-    init = cg.regs(acc, res.layout)
-    out = res.type.dtype
-    cg.define(res, [cexpr.narrow(f"({cexpr.widen(c, out)} + {s})", out) for c, s in zip(init, sums)])

@@ -9,22 +9,11 @@ vector access with no run-time check.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .. import ir
+from ..ir import UNKNOWN, Facts
 from ..types import Ptr
 
 TOP = 1 << 20  # "divisible by anything" (the value 0), capped
-
-
-@dataclass(frozen=True)
-class Facts:
-    contig: int = 1
-    div: int = 1
-    const: int = 1
-
-
-UNKNOWN = Facts()
 
 
 def pow2_divisor(n: int) -> int:

@@ -1,12 +1,23 @@
-"""Layout assignment: memory ops anchor coalesced layouts, the rest follow their operands.
+"""Layout assignment: every block value gets a layout, and every operand the layout its op reads.
 
-Values left with layout None (constants, arange, program-id arithmetic, views) are index values:
-codegen recomputes them in whatever layout their consumer wants instead of moving data.
+Anchors decide: loads and atomics take the coalesced default, `dot` takes tensor-core fragments (or
+the CUDA-core layout), reductions the slice of their operand, a reshape keeps its operand's
+registers, and elementwise ops on anchored values follow their first anchored operand. Index values
+(splat, arange and arithmetic on them) and views are *free*: each consumer gets its own copy computed
+in the layout it wants, instead of moving data. Where an anchored value meets a consumer that wants
+another layout, a `convert` is inserted; passes.lower turns those that move data between threads into
+shared memory.
+
+Two phases: `Plan` decides layouts (loops are traced until their carried layouts settle), then
+`Materialize` rewrites the IR once: operands are replaced by their copies or conversions.
 """
 from __future__ import annotations
 
 from .. import ir
-from ..layout import Layout, blocked, log2, slice_layout
+from ..layout import (Layout, blocked, log2, mma_acc, mma_operand, mma_warps, remap, slice_layout)
+from ..types import bf16, f16, f32, i8, i32, u8
+
+FREE = {"splat", "arange", "broadcast", "expand_dims", "trans"}  # reshape and elementwise: free if their operands are
 
 
 def memory_vec(k: ir.Kernel) -> dict:
@@ -21,84 +32,219 @@ def memory_vec(k: ir.Kernel) -> dict:
     return vec
 
 
-class LayoutPlan:
+def view_source_layout(op: ir.Op, layout: Layout) -> Layout:
+    """The layout of a view's operand that puts each element where the view's consumer reads it: the
+    same registers, so a view costs nothing."""
+    src = op.args[0].type.shape
+    if op.kind == "expand_dims":
+        a = op.attrs["axis"]
+        return remap(layout, src, lambda c: c[:a] + c[a + 1:])
+    if op.kind == "broadcast":
+        return remap(layout, src, lambda c: tuple(0 if s == 1 else ci for ci, s in zip(c, src)))
+    if op.kind == "reshape":
+        return Layout(src, layout.reg, layout.lane, layout.warp)
+    if op.kind == "trans":
+        perm = op.attrs["perm"]
+        inv = [perm.index(d) for d in range(len(perm))]
+        return remap(layout, src, lambda c: tuple(c[inv[d]] for d in range(len(perm))))
+    raise AssertionError(op.kind)
+
+
+# the tensor-core instruction of a dot, by operand and accumulator dtype: (elements per 32-bit register, PTX types)
+MMA = {(f16, f32): (2, "f32.f16.f16.f32"), (bf16, f32): (2, "f32.bf16.bf16.f32"), (f32, f32): (1, "f32.tf32.tf32.f32"),
+       (i8, i32): (4, "s32.s8.s8.s32"), (u8, i32): (4, "s32.u8.u8.s32")}
+
+
+def mma_shape(op: ir.Op, arch: str) -> tuple | None:
+    """(kwidth, PTX types) when this dot runs on mma.sync: sm_80 or later, a supported dtype pair, an
+    accumulator of at least 16x8 and K of at least one instruction step; None for the CUDA cores."""
+    a, b, acc = op.args
+    key = (a.type.dtype, acc.type.dtype)
+    if key not in MMA or b.type.dtype != a.type.dtype or int(arch[3:5]) < 80:
+        return None
+    if a.type.dtype == f32 and op.attrs.get("precision") == "ieee":
+        return None
+    kwidth = MMA[key][0]
+    (m, k), n = a.type.shape, b.type.shape[1]
+    return MMA[key] if m >= 16 and n >= 8 and k >= 8 * kwidth else None
+
+
+def fma_layouts(k: ir.Kernel, op: ir.Op, vec: int) -> tuple:
+    """CUDA-core dot: the accumulator in the default layout, each thread's rows of A and columns of B
+    with all of K in registers, so that every accumulator register is a chain of fused multiply-adds."""
+    (m, kk), n = op.args[0].type.shape, op.args[1].type.shape[1]
+    acc = blocked((m, n), k.spec.num_warps, vec)
+
+    def lift(b: int) -> int:  # a flat index of [M, N] in the [M, K, N] block, at k = 0
+        return ((b >> log2(n)) << (log2(kk) + log2(n))) | (b & (n - 1))
+    l3 = Layout((m, kk, n), tuple(map(lift, acc.reg)) + tuple(1 << (log2(n) + j) for j in range(log2(kk))),
+                tuple(map(lift, acc.lane)), tuple(map(lift, acc.warp)))
+    a = remap(l3, (m, kk), lambda c: (c[0], c[1]))
+    b = remap(l3, (kk, n), lambda c: (c[1], c[2]))
+    return a, b, slice_layout(l3, 1)
+
+
+class Plan:
+    """Phase 1: the layout of every anchored block value, and of every block operand (`want`)."""
+
     def __init__(self, k: ir.Kernel):
         self.k = k
         self.vec = memory_vec(k)
+        self.defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
+        self.want: dict[int, list] = {}  # id(op) -> the layout of each operand (None: scalar or absent)
+        self.free_ids: dict[int, bool] = {}
 
     def default(self, t) -> Layout:
-        shape = t.shape
-        vec = self.vec.get(shape) or 16 // max(1, t.dtype.itemsize)
-        return blocked(shape, self.k.spec.num_warps, vec)
+        vec = self.vec.get(t.shape) or 16 // max(1, t.dtype.itemsize)
+        return blocked(t.shape, self.k.spec.num_warps, vec)
+
+    def free(self, v: ir.Value) -> bool:
+        """Recomputed in each consumer's layout: index values and views."""
+        if not v.type.shape:
+            return False
+        if id(v) not in self.free_ids:
+            op = self.defs.get(id(v))
+            kind = op.kind if op is not None else None
+            self.free_ids[id(v)] = op is not None and (
+                kind in FREE or (kind in ir.ELEMENTWISE | {"reshape"}
+                                 and all(self.free(a) for a in op.args if a is not None and a.type.shape)))
+        return self.free_ids[id(v)]
 
     def of(self, v: ir.Value) -> Layout:
-        """The layout a block value is computed in (anchored, or the default when free)."""
-        return v.layout if v.layout is not None else self.default(v.type)
-
-    def dot_layout(self, op: ir.Op) -> Layout:
-        """3-D [M, K, N] layout for the CUDA-core dot: K entirely in registers, so the sum stays local."""
-        (m, kk), (_, n) = op.args[0].type.shape, op.args[1].type.shape
-        nk, nn, nm = log2(kk), log2(n), log2(m)
-        bits = [1 << (b + nn) for b in range(nk)]  # K bits sit above N's in the [M, K, N] flat index
-        rest = [1 << b for b in range(nn)] + [1 << (b + nn + nk) for b in range(nm)]
-        lane = [rest.pop(0) if rest else 0 for _ in range(5)]
-        warp = [rest.pop(0) if rest else 0 for _ in range(log2(self.k.spec.num_warps))]
-        return Layout((m, kk, n), tuple(bits + rest), tuple(lane), tuple(warp))
+        """The layout a block is read in: its own, or the default for a free value (or one not traced yet)."""
+        return (None if self.free(v) else v.layout) or self.default(v.type)
 
     def region(self, r: ir.Region) -> None:
         for op in r.ops:
             self.op(op)
 
     def op(self, op: ir.Op) -> None:
+        kind = op.kind
+        if kind == "for":
+            return self.loop(op)
+        if kind == "if":
+            return self.branch(op)
         res = op.results[0] if op.results else None
-        if op.kind == "for":
-            self.loop(op)
-        elif op.kind == "if":
-            for sub in op.regions:
-                self.region(sub)
-            for i, v in enumerate(op.results):
-                if v.type.shape:
-                    ys = [sub.ops[-1].args[i] for sub in op.regions]
-                    v.layout = next((y.layout for y in ys if y.layout is not None), None) or self.default(v.type)
-        elif res is None or not res.type.shape:
+        if kind == "store":
+            ptr, val, _ = op.args
+            if ptr.type.shape:
+                lay = self.of(val) if not self.free(val) else self.default(ptr.type.with_dtype(ptr.type.dtype.elem))
+                self.want[id(op)] = [lay] * 3
             return
-        elif op.kind in ("load", "atomic"):
+        if res is None or not res.type.shape or self.free(res):
+            return
+        if kind in ("load", "atomic"):
             res.layout = self.default(res.type)
-        elif op.kind == "reduce":
-            lay = slice_layout(self.of(op.args[0]), op.attrs["axis"])
-            if op.attrs["keep_dims"]:
-                lay = Layout(res.type.shape, lay.reg, lay.lane, lay.warp)
-            res.layout = lay
-        elif op.kind == "reshape" and op.args[0].layout is not None:
-            src = op.args[0].layout  # row-major flat indices are unchanged: the same registers, no data moves
+            self.want[id(op)] = [res.layout] * len(op.args)
+        elif kind == "reduce":
+            src = self.of(op.args[0])
+            lay = slice_layout(src, op.attrs["axis"])
+            res.layout = Layout(res.type.shape, lay.reg, lay.lane, lay.warp)  # keep_dims: a size-1 dim, no bits
+            self.want[id(op)] = [src]
+        elif kind == "reshape":  # of an anchored value: row-major flat indices are unchanged, so are the registers
+            src = op.args[0].layout
             res.layout = Layout(res.type.shape, src.reg, src.lane, src.warp)
-        elif op.kind == "dot":
-            res.layout = slice_layout(self.dot_layout(op), 1)
-        elif op.kind in ir.ELEMENTWISE:
-            res.layout = next((a.layout for a in op.args if a is not None and a.layout is not None
-                               and a.type.shape == res.type.shape), None)
+            self.want[id(op)] = [src]
+        elif kind == "dot":
+            self.dot(op)
+        elif kind in ir.ELEMENTWISE:
+            res.layout = next((a.layout for a in op.args if a is not None and a.type.shape and not self.free(a)
+                               and a.layout is not None), None) or self.default(res.type)
+            self.want[id(op)] = [res.layout if a is not None and a.type.shape else None for a in op.args]
+
+    def dot(self, op: ir.Op) -> None:
+        (m, _), n = op.args[0].type.shape, op.args[1].type.shape[1]
+        mma = mma_shape(op, self.k.spec.arch)
+        nw = self.k.spec.num_warps
+        if mma is not None:
+            kwidth, types = mma
+            warps = mma_warps(m, n, nw)
+            a = mma_operand(0, op.args[0].type.shape, warps, nw, kwidth)
+            b = mma_operand(1, op.args[1].type.shape, warps, nw, kwidth)
+            acc = mma_acc((m, n), warps, nw)
+            op.attrs.update(mma=f"m16n8k{8 * kwidth}", types=types)
+        else:
+            a, b, acc = fma_layouts(self.k, op, self.vec.get((m, n)) or 4)
+        op.result.layout = acc
+        self.want[id(op)] = [a, b, acc]
 
     def loop(self, op: ir.Op) -> None:
         body = op.regions[0]
         carried = body.params[1:]
         for p, init in zip(carried, op.args[3:]):
             if p.type.shape:
-                p.layout = init.layout  # a free start (zeros, full) takes the layout the body gives it
+                p.layout = None if self.free(init) else init.layout  # a free start takes the body's layout
         for _ in range(3):  # trace until every carried value has the layout its body gives it
             self.region(body)
             changed = False
             for p, y in zip(carried, body.ops[-1].args):
                 if p.type.shape:
-                    lay = y.layout or p.layout or self.default(p.type)
+                    lay = (None if self.free(y) else y.layout) or p.layout or self.default(p.type)
                     if lay != p.layout:
                         p.layout, changed = lay, True
             if not changed:
                 break
         for p, r in zip(carried, op.results):
             r.layout = p.layout
+        self.want[id(op)] = [None] * 3 + [p.layout for p in carried]
+        self.want[id(body.ops[-1])] = [p.layout for p in carried]
+
+    def branch(self, op: ir.Op) -> None:
+        for sub in op.regions:
+            self.region(sub)
+        for i, v in enumerate(op.results):
+            if v.type.shape:
+                ys = [sub.ops[-1].args[i] for sub in op.regions]
+                v.layout = next((y.layout for y in ys if not self.free(y)), None) or self.default(v.type)
+        for sub in op.regions:
+            self.want[id(sub.ops[-1])] = [v.layout for v in op.results]
+
+
+class Materialize:
+    """Phase 2: replace each block operand by a value in the layout its op wants (a copy of a free
+    value, computed just before its first consumer in each scope, or a `convert`)."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.scopes: list[dict] = [{}]
+
+    def region(self, r: ir.Region) -> None:
+        out: list[ir.Op] = []
+        for op in r.ops:
+            if op.results and self.plan.free(op.results[0]):
+                continue  # each consumer computes its own copy
+            for i, lay in enumerate(self.plan.want.get(id(op), ())):
+                if lay is not None and op.args[i] is not None:
+                    op.args[i] = self.get(op.args[i], lay, out, op.span)
+            out.append(op)
+            for sub in op.regions:
+                self.scopes.append({})
+                self.region(sub)
+                self.scopes.pop()
+        r.ops = out
+
+    def get(self, v: ir.Value, lay: Layout, out: list, span) -> ir.Value:
+        key = (id(v), lay)
+        for scope in reversed(self.scopes):
+            if key in scope:
+                return scope[key]
+        if not self.plan.free(v):
+            if v.layout == lay:
+                return v
+            res = ir.Value(v.type, v.name, lay)
+            out.append(ir.Op("convert", [v], [res], {}, span))
+        else:
+            d = self.plan.defs[id(v)]
+            args = [self.get(a, view_source_layout(d, lay) if d.kind in ir.VIEWS else lay, out, d.span)
+                    if a is not None and a.type.shape else a for a in d.args]
+            res = ir.Value(v.type, v.name, lay, v.facts)
+            out.append(ir.Op(d.kind, args, [res], dict(d.attrs), d.span))
+        self.scopes[-1][key] = res
+        return res
 
 
 def assign_layouts(k: ir.Kernel) -> ir.Kernel:
-    plan = LayoutPlan(k)
+    plan = Plan(k)
     plan.region(k.body)
+    Materialize(plan).region(k.body)
     return k

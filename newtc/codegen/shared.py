@@ -1,0 +1,182 @@
+"""Shared memory: blocks stored to and loaded from a buffer through its shared layout, cp.async copies
+from global memory, and ldmatrix where the two layouts line up.
+
+The byte address of register i of a thread is base + itemsize * (T ^ O(i)): T is the thread's part
+(the lane and warp bases sent through the inverse of the shared layout, a per-thread variable) and O(i)
+the register's part, a constant. Registers whose offsets are consecutive move as one vector access.
+"""
+from __future__ import annotations
+
+from .. import ir
+from ..layout import Layout, inverse, log2, to_coord, to_flat, xor_span
+from . import cexpr
+from .memory import group_size, proven, vector_condition
+
+
+def shared_offsets(reg: Layout, shared: Layout, start: tuple) -> tuple:
+    """The element offsets in a buffer of shared layout `shared` of a sub-tile at `start` held in register
+    layout `reg`: (of each lane bit, of each warp bit, of each register). All linear: a thread's element
+    at register i is at the XOR of its lane and warp bits' offsets and register i's."""
+    inv = inverse(shared)
+
+    def off(flat: int) -> int:  # the sub-tile's flat index -> its element offset in the buffer
+        return xor_span(inv, to_flat(shared.shape, to_coord(reg.shape, flat)))
+    origin = xor_span(inv, to_flat(shared.shape, start))
+    return tuple(map(off, reg.lane)), tuple(map(off, reg.warp)), [off(reg.reg_flat(i)) ^ origin for i in range(reg.nregs)]
+
+
+class Access:
+    """Where each register of a block in register layout `reg` lives in the shared buffer `buf`."""
+
+    def __init__(self, cg, reg: Layout, buf: ir.Value, start: tuple, slot: ir.Value | None):
+        self.lane, self.warp, self.regs = shared_offsets(reg, buf.layout, start)
+        self.item = buf.type.dtype.elem.itemsize
+        base = cg.defs[id(buf)].attrs["offset"]
+        if slot is not None:
+            base = f"{base} + {cg.scalar(slot)} * {buf.type.numel * self.item}"
+        self.base = base
+        thread_bits = 0
+        for b in self.lane + self.warp:
+            thread_bits |= b
+        self.thread = cg.thread_var(self.lane, self.warp, f"shared offsets of {reg.short()}")
+        self.join = "+" if all(o & thread_bits == 0 for o in self.regs) else "^"  # disjoint bits: XOR is +
+
+    def offset(self, o: int) -> str:
+        """Element offset of the register whose constant part is o."""
+        return f"({self.thread} {self.join} {o})"
+
+    def ptr(self, ctype: str, o: int) -> str:
+        return f"(({ctype}*)(nk_smem + {self.base}) + {self.offset(o)})"
+
+    def addr(self, o: int) -> str:
+        """The 32-bit shared-state-space address (ldmatrix, cp.async)."""
+        return f"(nk_sbase + {self.base} + {self.offset(o)} * {self.item})"
+
+    def group(self) -> int:
+        """Registers per vector access: leading register bits that step one element in the buffer, up to
+        16 bytes, with every other part of the offset a multiple of the group."""
+        nb = log2(len(self.regs))
+        rbase = [self.regs[1 << b] ^ self.regs[0] for b in range(nb)]
+        g = 1
+        while 2 * g * self.item <= 16 and log2(g) < nb and rbase[log2(g)] == g:
+            g *= 2
+        others = [*self.lane, *self.warp, *rbase[log2(g):], self.regs[0]]
+        while g > 1 and any(o % g for o in others):
+            g //= 2
+        return g
+
+
+def local_store(cg, op: ir.Op) -> None:
+    buf, val, slot = op.args
+    acc = Access(cg, val.layout, buf, (0,) * len(val.type.shape), slot)
+    t = cexpr.ctype(val.type.dtype)
+    vals = cg.regs(val)
+    g = acc.group()
+    stmts = []
+    for i in range(0, len(vals), g):
+        if g == 1:
+            stmts.append(f"*{acc.ptr(t, acc.regs[i])} = {vals[i]};")
+        else:
+            fill = " ".join(f"u.e[{j}] = {vals[i + j]};" for j in range(g))
+            stmts.append(f"{{ nk_pack<{t}, {g}> u; {fill} *(decltype(u.w)*){acc.ptr(t, acc.regs[i])} = u.w; }}")
+    cg.emit_all(stmts, per_line=4)
+
+
+def local_load(cg, op: ir.Op) -> None:
+    buf, slot = op.args
+    res = op.result
+    acc = Access(cg, res.layout, buf, op.attrs["start"], slot)
+    name = cg.array(res)
+    if acc.item == 2 and ldmatrix(cg, acc, name):
+        return
+    t = cexpr.ctype(res.type.dtype)
+    g = acc.group()
+    stmts = []
+    for i in range(0, res.layout.nregs, g):
+        if g == 1:
+            stmts.append(f"{name}[{i}] = *{acc.ptr(t, acc.regs[i])};")
+        else:
+            unpack = " ".join(f"{name}[{i + j}] = u.e[{j}];" for j in range(g))
+            stmts.append(f"{{ nk_pack<{t}, {g}> u; u.w = *(const decltype(u.w)*){acc.ptr(t, acc.regs[i])}; {unpack} }}")
+    cg.emit_all(stmts, per_line=4)
+
+
+def ldmatrix_plan(lane: tuple, regs: list[int], warp: tuple) -> tuple | None:
+    """How ldmatrix can load registers at element offsets `regs` (constant parts) and lane/warp bases, or None.
+
+    An 8x8 matrix of 16-bit elements is 8 rows of 16 bytes; lane L supplies the address of row L % 8 of
+    matrix L / 8, and thread t receives (row t / 4, elements 2 (t % 4) + {0, 1}) of each matrix, or with
+    .trans (rows 2 (t % 4) + {0, 1}, element t / 4). Returns (modifier, matrices per instruction, the
+    offset basis of each bit of the address-supplying lane)."""
+    nbits = log2(len(regs))
+    if len(lane) != 5 or nbits < 1:
+        return None
+    rbase = [regs[1 << b] ^ regs[0] for b in range(nbits)]
+    low = [b & 7 for b in [*rbase[1:], *warp, regs[0]]]
+    if rbase[0] == 1 and lane[:2] == (2, 4) and not any(b & 7 for b in lane[2:]) and not any(low):
+        trans, rows = "", list(lane[2:])  # a row's 8 elements are consecutive: plain ldmatrix
+    elif lane[2:] == (1, 2, 4) and not any(b & 7 for b in (rbase[0], *lane[:2])) and not any(low):
+        trans, rows = ".trans", [rbase[0], *lane[:2]]  # a thread's pair runs down a column
+    else:
+        return None
+    matrices = min(4, len(regs) // 2)
+    mbits = log2(matrices)
+    return trans, matrices, tuple(rows + rbase[1:1 + mbits] + [0] * (2 - mbits))
+
+
+def ldmatrix(cg, acc: Access, name: str) -> bool:
+    """Emit ldmatrix for a local_load when ldmatrix_plan allows it; returns False (nothing emitted) otherwise."""
+    plan = ldmatrix_plan(acc.lane, acc.regs, acc.warp)
+    if plan is None:
+        return False
+    trans, matrices, address = plan
+    count = {1: "x1", 2: "x2", 4: "x4"}[matrices]
+    per_lane = cg.thread_var(address, acc.warp, f"ldmatrix{trans} row addresses")
+    outs = ", ".join(f"%{j}" for j in range(matrices))
+    for first in range(0, len(acc.regs), 2 * matrices):
+        addr = f"(nk_sbase + {acc.base} + (({per_lane}) ^ {acc.regs[first]}) * 2)"
+        d = [cg.fresh("m") for _ in range(matrices)]
+        binds = ", ".join(f'"=r"({x})' for x in d)
+        unpack = " ".join(f"{name}[{first + 2 * j}].x = (unsigned short){x}; {name}[{first + 2 * j + 1}].x = "
+                          f"(unsigned short)({x} >> 16);" for j, x in enumerate(d))
+        cg.emit(f"{{ unsigned {', '.join(d)}; asm volatile(\"ldmatrix.sync.aligned.m8n8.{count}{trans}.shared.b16 "
+                f"{{{outs}}}, [%{matrices}];\" : {binds} : \"r\"({addr})); {unpack} }}")
+    return True
+
+
+def async_copy(cg, op: ir.Op) -> None:
+    """cp.async of a pointer block into a buffer slot: one copy per group that is contiguous in both memories
+    (16 bytes through L2 only, smaller ones through L1); masked-off groups are filled with zeros. A group
+    the analysis cannot prove contiguous and aligned checks at run time and falls back to plain loads."""
+    buf, ptr, mask, slot = op.args
+    lay = ptr.layout
+    acc = Access(cg, lay, buf, (0,) * len(ptr.type.shape), slot)
+    t = cexpr.ctype(ptr.type.dtype.elem)
+    ptrs = cg.regs(ptr)
+    masks = cg.regs(mask) if mask is not None else None
+    g = min(group_size(lay, acc.item), acc.group())
+    nbytes = g * acc.item
+    static = proven(ptr, mask, lay, g, nbytes)
+    stmts = []
+    for i in range(0, lay.nregs, g):
+        m = masks[i] if masks else "true"
+        copy = f"nk_cp_async<{nbytes}>({acc.addr(acc.regs[i])}, {ptrs[i]}, {m});"
+        if nbytes >= 4 and static:
+            stmts.append(copy)
+            continue
+        scalar = " ".join(f"*{acc.ptr(t, acc.regs[i + j])} = {masks[i + j] if masks else 'true'} ? *{ptrs[i + j]} : "
+                          f"nk_zero<{t}>();" for j in range(g))
+        if nbytes < 4:
+            stmts.append(scalar)
+        else:
+            cond = vector_condition(ptrs[i:i + g], masks[i:i + g] if masks else None, nbytes)
+            stmts.append(f"if ({cond}) {{ {copy} }} else {{ {scalar} }}")
+    cg.emit_all(stmts, per_line=2)
+
+
+def async_commit(cg, op: ir.Op) -> None:
+    cg.emit('asm volatile("cp.async.commit_group;");')
+
+
+def async_wait(cg, op: ir.Op) -> None:
+    cg.emit(f'asm volatile("cp.async.wait_group {op.attrs["pending"]};" ::: "memory");')

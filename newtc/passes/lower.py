@@ -1,0 +1,84 @@
+"""Data that moves between threads goes through shared memory, as IR ops.
+
+A `convert` whose layouts differ only in register order stays (codegen renames registers). Any other
+becomes `alloc` + `local_store` + `local_load` through a buffer whose shared layout suits both sides:
+a 2-D tile is swizzled (ldmatrix and transposed reads hit no bank twice), other shapes are stored in the
+writer's order. Reductions whose warps meet along the axis, and
+scalar atomics (whose old value every thread needs), get a scratch buffer as their last operand.
+passes.smem then places every buffer and puts the barriers where they are needed.
+"""
+from __future__ import annotations
+
+from .. import ir
+from ..layout import Layout, axis_mask, dim_bits, rename, row_major, swizzled
+from ..types import Type, u8
+
+
+def uses(k: ir.Kernel) -> dict:
+    """id(value) -> the ops that read it."""
+    out: dict = {}
+    for op in ir.walk(k.body):
+        for a in op.args:
+            if a is not None:
+                out.setdefault(id(a), []).append(op)
+    return out
+
+
+def contiguous_dim(layout: Layout) -> int:
+    """The dim along which a thread's first registers are consecutive (its vector direction)."""
+    first = next((b for b in layout.reg if b), 0)
+    for d, (s, w) in enumerate(dim_bits(layout.shape)):
+        if w and first >> s & ((1 << w) - 1) and first & ~(((1 << w) - 1) << s) == 0:
+            return d
+    return len(layout.shape) - 1
+
+
+def alloc(shape: tuple, elem, layout: Layout | None, span, slots: int = 1) -> ir.Op:
+    return ir.Op("alloc", [], [ir.Value(Type(tuple(shape), ir.Buffer(elem, slots)), "smem", layout)], {}, span)
+
+
+def shared_layout(src: Layout, itemsize: int) -> Layout:
+    """Stored along the writer's vector direction; a 2-D tile swizzled, so that a reader going across
+    rows (a transpose, a tensor-core operand) finds every 16-byte chunk of 8 rows in another bank group."""
+    inner = contiguous_dim(src)
+    if len(src.shape) == 2:
+        return swizzled(src.shape, (inner, 1 - inner), itemsize)
+    order = (inner,) + tuple(d for d in reversed(range(len(src.shape))) if d != inner)
+    return row_major(src.shape, order)
+
+
+def scratch(op: ir.Op, nbytes: int, out: list) -> None:
+    a = alloc((nbytes,), u8, None, op.span)
+    out.append(a)
+    op.args.append(a.result)
+
+
+def reduce_scratch_bytes(op: ir.Op) -> int:
+    """Room for each warp's partial result along the axis: 8 bytes a value (any accumulator) and 4 for an index."""
+    x, res = op.args[0], op.result
+    m = axis_mask(x.layout.shape, op.attrs["axis"])
+    slots = 1 << sum(1 for b in x.layout.warp if b & m)
+    per = 12 if op.attrs["kind"] in ("argmax", "argmin") else 8
+    return slots * res.type.numel * per if slots > 1 else 0
+
+
+def lower_shared(k: ir.Kernel) -> ir.Kernel:
+    def region(r: ir.Region) -> None:
+        out: list[ir.Op] = []
+        for op in r.ops:
+            for sub in op.regions:
+                region(sub)
+            if op.kind == "convert" and rename(op.args[0].layout, op.result.layout) is None:
+                src, res = op.args[0], op.result
+                a = alloc(src.type.shape, src.type.dtype, shared_layout(src.layout, src.type.dtype.itemsize), op.span)
+                out += [a, ir.Op("local_store", [a.result, src, None], [], {}, op.span)]
+                op = ir.Op("local_load", [a.result, None], [res], {"start": (0,) * len(res.type.shape)}, op.span)
+            elif op.kind == "reduce" and reduce_scratch_bytes(op):
+                scratch(op, reduce_scratch_bytes(op), out)
+            elif op.kind == "atomic" and not op.result.type.shape:
+                scratch(op, 8, out)
+            out.append(op)
+        r.ops = out
+
+    region(k.body)
+    return k

@@ -1,0 +1,242 @@
+"""Feeding `dot`: a software pipeline of cp.async copies (`pipeline`) and K steps interleaved with the
+shared-memory reads that feed them (`split_dots`).
+
+pipeline: in a runtime `for` loop, a tile that is loaded and stored to shared memory (a conversion
+passes.lower made for a dot operand) becomes an asynchronous copy into a ring of `num_stages` slots.
+The prologue issues the first num_stages - 1 iterations' copies; iteration i waits for its own copy,
+passes one barrier (everyone's copies have landed, and everyone is done reading the slot that the
+next copy overwrites), issues the copy of iteration i + num_stages - 1 and computes on slot i. The
+address of a later iteration is the same ops with the loop variable advanced, so the tile's address
+and mask may depend on the loop variable and on values from outside the loop, nothing else.
+
+split_dots: a dot whose operands are read from shared memory is cut into instruction-sized K steps,
+each step's reads issued one step ahead of its math, so that the fragments in registers stay small
+and the loads of step k + 1 overlap the tensor-core work of step k.
+"""
+from __future__ import annotations
+
+from .. import ir
+from ..layout import restrict
+from ..types import Type, bool_, i32
+from .lower import alloc, uses
+
+PURE = ir.ELEMENTWISE | ir.VIEWS | {"arange", "const", "convert"}
+
+
+def zero(v: ir.Value | None, defs: dict) -> bool:
+    """The value is a constant 0 (a splat of one): what cp.async fills masked lanes with."""
+    while v is not None and defs.get(id(v)) is not None and defs[id(v)].kind in ("splat", "broadcast", "convert"):
+        v = defs[id(v)].args[0]
+    op = defs.get(id(v)) if v is not None else None
+    return v is None or (op is not None and op.kind == "const" and op.attrs["value"] == 0)
+
+
+class Pipeliner:
+    def __init__(self, k: ir.Kernel):
+        self.k = k
+        self.stages = k.spec.num_stages
+        self.defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
+
+    def depends_only_on(self, v: ir.Value, iv: ir.Value, inside: set) -> bool:
+        """v is computed by pure ops from the loop variable and values from outside the loop (`inside` holds
+        the loop's own values, its carried values included)."""
+        if v is None or v is iv or id(v) not in inside:
+            return True
+        op = self.defs.get(id(v))
+        return op is not None and op.kind in PURE and all(self.depends_only_on(a, iv, inside) for a in op.args)
+
+    @staticmethod
+    def inside(body: ir.Region) -> set:
+        return {id(v) for op in body.ops for v in op.results} | {id(p) for p in body.params}
+
+    def clone(self, v, iv, new_iv, memo: dict, inside: set, out: list):
+        """v with the loop variable replaced by new_iv: the ops between them copied into `out`."""
+        if v is None or (v is not iv and id(v) not in inside):
+            return v
+        if v is iv:
+            return new_iv
+        if id(v) not in memo:
+            op = self.defs[id(v)]
+            args = [self.clone(a, iv, new_iv, memo, inside, out) for a in op.args]
+            res = ir.Value(v.type, v.name, v.layout, v.facts)
+            out.append(ir.Op(op.kind, args, [res], dict(op.attrs), op.span))
+            memo[id(v)] = res
+        return memo[id(v)]
+
+    def scalar(self, out: list, kind: str, args: list, dtype, span, **attrs) -> ir.Value:
+        res = ir.Value(Type((), dtype))
+        out.append(ir.Op(kind, args, [res], attrs, span))
+        return res
+
+    def const(self, out: list, value, dtype, span) -> ir.Value:
+        return self.scalar(out, "const", [], dtype, span, value=value)
+
+    def region(self, r: ir.Region) -> None:
+        for op in list(r.ops):
+            for sub in op.regions:
+                self.region(sub)
+            if op.kind == "for":
+                self.loop(r, op)
+
+    def candidates(self, body: ir.Region, iv: ir.Value) -> list:
+        inside = self.inside(body)
+        readers = {}
+        for op in ir.walk(body):
+            for a in op.args:
+                if a is not None:
+                    readers.setdefault(id(a), []).append(op)
+        found = []
+        for op in body.ops:
+            if op.kind != "local_store" or op.args[2] is not None:
+                continue
+            buf, val = op.args[0], op.args[1]
+            load = self.defs.get(id(val))
+            if (load is None or load.kind != "load" or id(val) not in inside or len(readers[id(val)]) != 1
+                    or not zero(load.args[2], self.defs) or id(buf) not in inside):
+                continue
+            reads = [u for u in readers[id(buf)] if u is not op]
+            if not all(u.kind == "local_load" for u in reads):
+                continue
+            if all(self.depends_only_on(a, iv, inside) for a in load.args[:2]):
+                found.append((op, load, reads))
+        return found
+
+    def loop(self, parent: ir.Region, loop: ir.Op) -> None:
+        body = loop.regions[0]
+        iv = body.params[0]
+        found = self.candidates(body, iv)
+        if not found:
+            return
+        lo, hi, step = loop.args[:3]
+        span = loop.span
+        step_op = self.defs.get(id(step))
+        down = step_op is not None and step_op.kind == "const" and step_op.attrs["value"] < 0
+        inside = self.inside(body)
+        s_count = self.stages
+
+        def copies(out: list, new_iv: ir.Value, slot: ir.Value, rings: list) -> None:
+            valid = self.scalar(out, "gt" if down else "lt", [new_iv, hi], bool_, span)
+            memo: dict = {}
+            for (store, load, _), ring in zip(found, rings):
+                ptr = self.clone(load.args[0], iv, new_iv, memo, inside, out)
+                ok = ir.Value(Type(ptr.type.shape, bool_), "", ptr.layout)
+                out.append(ir.Op("splat", [valid], [ok], {}, span))
+                mask = load.args[1]
+                if mask is not None:
+                    both = ir.Value(ok.type, "", ptr.layout)
+                    out.append(ir.Op("and", [self.clone(mask, iv, new_iv, memo, inside, out), ok], [both], {}, span))
+                    ok = both
+                out.append(ir.Op("async_copy", [ring, ptr, ok, slot], [], {}, load.span))
+            out.append(ir.Op("async_commit", [], [], {}, span))
+
+        # the rings, and the prologue: iterations 0 .. stages - 2
+        before: list[ir.Op] = []
+        rings = []
+        for store, load, _ in found:
+            a = alloc(store.args[0].type.shape, store.args[0].type.dtype.elem, store.args[0].layout, store.span, s_count)
+            a.attrs["ring"] = True
+            before.append(a)
+            rings.append(a.result)
+        for s in range(s_count - 1):
+            it = self.scalar(before, "add", [lo, self.scalar(before, "mul", [self.const(before, s, iv.type.dtype, span),
+                                                                               step], iv.type.dtype, span)],
+                             iv.type.dtype, span)
+            it.facts = iv.facts
+            copies(before, it, self.const(before, s, i32, span), rings)
+
+        # the loop: read slot r, write slot w, both carried
+        r_slot, w_slot = ir.Value(Type((), i32), "slot_r"), ir.Value(Type((), i32), "slot_w")
+        body.params += [r_slot, w_slot]
+        loop.args += [self.const(before, 0, i32, span), self.const(before, s_count - 1, i32, span)]
+        loop.results += [ir.Value(Type((), i32)), ir.Value(Type((), i32))]
+        head: list[ir.Op] = [ir.Op("async_wait", [], [], {"pending": s_count - 2}, span), ir.Op("barrier", [], [], {}, span)]
+        ahead = self.scalar(head, "add", [iv, self.scalar(head, "mul", [self.const(head, s_count - 1, iv.type.dtype, span),
+                                                                          step], iv.type.dtype, span)],
+                            iv.type.dtype, span)
+        ahead.facts = iv.facts
+        copies(head, ahead, w_slot, rings)
+        dead = set()
+        for (store, load, reads), ring in zip(found, rings):
+            dead |= {id(store), id(load), id(self.defs[id(store.args[0])])}
+            for u in reads:
+                u.args = [ring, r_slot]
+        *rest, yield_op = [op for op in body.ops if id(op) not in dead]
+        tail: list[ir.Op] = []
+        nexts = []
+        for slot in (r_slot, w_slot):
+            one = self.scalar(tail, "add", [slot, self.const(tail, 1, i32, span)], i32, span)
+            wrap = self.scalar(tail, "lt", [one, self.const(tail, s_count, i32, span)], bool_, span)
+            nexts.append(self.scalar(tail, "where", [wrap, one, self.const(tail, 0, i32, span)], i32, span))
+        yield_op.args = list(yield_op.args) + nexts
+        body.ops = head + rest + tail + [yield_op]
+        at = parent.ops.index(loop)
+        parent.ops[at:at + 1] = before + [loop, ir.Op("async_wait", [], [], {"pending": 0}, span)]
+
+
+def remove_dead(r: ir.Region, readers: dict) -> bool:
+    """Drop pure ops whose results nobody reads (the address ops of a load the pipeline replaced)."""
+    changed = False
+    for op in r.ops:
+        for sub in op.regions:
+            changed |= remove_dead(sub, readers)
+    keep = [op for op in r.ops if not (op.kind in PURE | {"splat"} and op.results
+                                         and all(not readers.get(id(v)) for v in op.results))]
+    changed |= len(keep) != len(r.ops)
+    r.ops = keep
+    return changed
+
+
+def pipeline(k: ir.Kernel) -> ir.Kernel:
+    if k.spec.num_stages >= 2:
+        Pipeliner(k).region(k.body)
+        while remove_dead(k.body, uses(k)):
+            pass
+    return k
+
+
+def split_dots(k: ir.Kernel) -> ir.Kernel:
+    defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
+    readers = uses(k)
+
+    def region(r: ir.Region) -> None:
+        out: list[ir.Op] = []
+        moved: set = set()
+        for op in r.ops:
+            for sub in op.regions:
+                region(sub)
+            if op.kind == "dot":
+                parts = split(op)
+                if parts:
+                    moved |= {id(defs[id(a)]) for a in op.args[:2]}
+                    out += parts
+                    continue
+            out.append(op)
+        r.ops = [op for op in out if id(op) not in moved]
+
+    def split(op: ir.Op) -> list | None:
+        a, b, acc = op.args
+        la, lb = defs.get(id(a)), defs.get(id(b))
+        if not (la and lb and la.kind == lb.kind == "local_load" and len(readers[id(a)]) == len(readers[id(b)]) == 1):
+            return None
+        (m, kk), n = a.type.shape, b.type.shape[1]
+        step = int(op.attrs["mma"].rsplit("k", 1)[1]) if "mma" in op.attrs else min(kk, 8)
+        if kk <= step:
+            return None
+        reads, dots = [], []
+        for j in range(kk // step):
+            pa = ir.Value(Type((m, step), a.type.dtype), a.name, restrict(a.layout, (m, step)))
+            pb = ir.Value(Type((step, n), b.type.dtype), b.name, restrict(b.layout, (step, n)))
+            sa, sb = la.attrs["start"], lb.attrs["start"]
+            reads.append([ir.Op("local_load", list(la.args), [pa], {"start": (sa[0], sa[1] + j * step)}, la.span),
+                          ir.Op("local_load", list(lb.args), [pb], {"start": (sb[0] + j * step, sb[1])}, lb.span)])
+            last = j == kk // step - 1
+            res = op.result if last else ir.Value(op.result.type, op.result.name, op.result.layout)
+            dots.append(ir.Op("dot", [pa, pb, acc], [res], dict(op.attrs), op.span))
+            acc = res
+        out = reads[0]
+        for j, d in enumerate(dots):  # step j + 1's reads go before step j's math
+            out += (reads[j + 1] if j + 1 < len(reads) else []) + [d]
+        return out
+
+    region(k.body)
+    return k

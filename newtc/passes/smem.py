@@ -1,0 +1,134 @@
+"""Shared memory: where each buffer lives (`plan_smem`) and where barriers go (`insert_barriers`).
+
+Buffers whose lifetimes overlap get disjoint bytes, first fit in program order. A buffer also keeps
+its bytes until the next buffer's first use: the next buffer is written elsewhere, so its writes need
+no barrier against this one's last readers (two scratch uses in a row alternate, like two halves).
+
+A barrier goes before any shared-memory access that conflicts (a write against a read or write of
+overlapping bytes) with an access made since the last barrier; loops are followed around their back
+edge until the set of pending accesses settles. Accesses of one ring buffer by a software-pipelined
+loop are ordered by the pipeline's own wait-and-barrier, so they do not conflict with each other.
+"""
+from __future__ import annotations
+
+from .. import ir
+
+ALIGN = 128  # a swizzled tile's phases repeat every 128 bytes: every buffer starts on that boundary
+
+
+def _positions(k: ir.Kernel):
+    """Program-order position of every op, the position after each compound op, and each op's parent."""
+    pos, end, parent = {}, {}, {}
+    counter = 0
+
+    def walk(r: ir.Region, up):
+        nonlocal counter
+        for op in r.ops:
+            pos[id(op)], parent[id(op)] = counter, up
+            counter += 1
+            for sub in op.regions:
+                walk(sub, op)
+            end[id(op)] = counter
+
+    walk(k.body, None)
+    return pos, end, parent
+
+
+def plan_smem(k: ir.Kernel) -> ir.Kernel:
+    pos, end, parent = _positions(k)
+    allocs = [op for op in ir.walk(k.body) if op.kind == "alloc"]
+    if not allocs:
+        k.smem_bytes = 0
+        return k
+    last = {id(a.result): pos[id(a)] for a in allocs}
+    alloc_of = {id(a.result): a for a in allocs}
+    for op in ir.walk(k.body):
+        for v in op.args:
+            if v is not None and id(v) in last:
+                home = parent[id(alloc_of[id(v)])]
+                u = op
+                while parent[id(u)] is not home:  # a use inside a loop keeps the buffer for the whole loop
+                    u = parent[id(u)]
+                last[id(v)] = max(last[id(v)], end[id(u)] - 1)
+    allocs.sort(key=lambda a: pos[id(a)])
+    spans = []
+    for i, a in enumerate(allocs):
+        stop = last[id(a.result)]
+        if i + 1 < len(allocs):
+            stop = max(stop, pos[id(allocs[i + 1])])
+        spans.append((pos[id(a)], stop))
+    placed: list[tuple[int, int, int, int]] = []  # (lo, hi, start, stop)
+    for a, (start, stop) in zip(allocs, spans):
+        size = -(-ir.buffer_bytes(a.result) // ALIGN) * ALIGN
+        busy = sorted((lo, hi) for lo, hi, s, e in placed if s <= stop and start <= e)
+        offset = 0
+        for lo, hi in busy:
+            if offset + size <= lo:
+                break
+            offset = max(offset, hi)
+        a.attrs["offset"] = offset
+        placed.append((offset, offset + size, start, stop))
+    k.smem_bytes = max(hi for _, hi, _, _ in placed)
+    return k
+
+
+def _effects(op: ir.Op) -> list:
+    """The shared-memory accesses of an op, in order: ('r' | 'w', buffer), or ('sync',) for a barrier."""
+    kind = op.kind
+    if kind in ("local_store", "async_copy"):
+        return [("w", op.args[0])]
+    if kind == "local_load":
+        return [("r", op.args[0])]
+    if kind == "barrier":
+        return [("sync",)]
+    if kind in ("reduce", "atomic") and op.args and op.args[-1] is not None and isinstance(op.args[-1].type.dtype, ir.Buffer):
+        s = op.args[-1]  # written, then a barrier inside the op, then read back
+        return [("w", s), ("sync",), ("r", s)]
+    return []
+
+
+def _access(kind: str, buf: ir.Value, defs: dict) -> tuple:
+    op = defs[id(buf)]
+    lo = op.attrs["offset"]
+    return lo, lo + ir.buffer_bytes(buf), kind == "w", id(buf) if op.attrs.get("ring") else None
+
+
+def _conflict(a: tuple, b: tuple) -> bool:
+    if a[3] is not None and a[3] == b[3]:
+        return False  # one ring's accesses are ordered by the pipeline
+    return a[0] < b[1] and b[0] < a[1] and (a[2] or b[2])
+
+
+def insert_barriers(k: ir.Kernel) -> ir.Kernel:
+    defs = {id(op.result): op for op in ir.walk(k.body) if op.kind == "alloc"}
+
+    def region(r: ir.Region, pending: frozenset, insert: bool) -> frozenset:
+        out = []
+        for op in r.ops:
+            if op.kind == "for":
+                body, entry = op.regions[0], pending
+                for _ in range(4):  # until the pending set at the loop's head stops growing
+                    grown = pending | region(body, entry, False)
+                    if grown == entry:
+                        break
+                    entry = grown
+                pending = pending | region(body, entry, insert)  # zero or more iterations
+            elif op.kind == "if":
+                pending = frozenset().union(*(region(sub, pending, insert) for sub in op.regions))
+            else:
+                for eff in _effects(op):
+                    if eff[0] == "sync":
+                        pending = frozenset()
+                        continue
+                    acc = _access(eff[0], eff[1], defs)
+                    if any(_conflict(acc, p) for p in pending):
+                        out.append(ir.Op("barrier", [], [], {}, op.span))
+                        pending = frozenset()
+                    pending = pending | {acc}
+            out.append(op)
+        if insert:
+            r.ops = out
+        return pending
+
+    region(k.body, frozenset(), True)
+    return k
