@@ -38,6 +38,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--aligned", default="", metavar="NAME,...|all",
                    help="parameters to specialize as 16-byte aligned pointers / multiples of 16, as a launch "
                         "with such arguments would (default: none; 'all' for every runtime parameter)")
+    p.add_argument("--ones", default="", metavar="NAME,...",
+                   help="int parameters to specialize as equal to 1, as a launch with unit strides would")
     p.add_argument("--num-warps", type=int, default=4, metavar="N")
     p.add_argument("--num-stages", type=int, default=1, metavar="N")
     p.add_argument("--arch", default="sm_90a", help="GPU architecture for ptx/cubin/sass (default: sm_90a)")
@@ -132,7 +134,9 @@ def emit(args, module: A.Module, filename: str):
         p = no_value[0]
         raise NkError(f"missing constexpr '{p.name}' for kernel '{d.name}'", p.span, f"pass -D {p.name}=VALUE")
     aligned = frozenset(sig) if args.aligned == "all" else frozenset(filter(None, args.aligned.split(",")))
-    spec = Spec.of(sig, consts, num_warps=args.num_warps, num_stages=args.num_stages, aligned=aligned, arch=args.arch)
+    ones = tuple(filter(None, args.ones.split(",")))
+    spec = Spec.of(sig, consts, num_warps=args.num_warps, num_stages=args.num_stages, aligned=aligned, ones=ones,
+                   arch=args.arch)
     stage = {"ir": "ir", "cuda": "cuda"}.get(args.emit, "cubin")
     result = compiler.compile(module, d.name, spec, until=stage)
     if args.emit == "ir":

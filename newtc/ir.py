@@ -86,13 +86,19 @@ def buffer_bytes(v: "Value") -> int:
 
 @dataclass(frozen=True)
 class Facts:
-    """What passes.axisinfo knows about the values of a block along its last dimension (see there)."""
-    contig: int = 1
-    div: int = 1
-    const: int = 1
+    """What passes.axisinfo knows about the values of a block, per dimension (see there)."""
+    contig: tuple = (1,)
+    div: tuple = (1,)
+    const: tuple = (1,)
+    value: int | None = None  # every element's value, when it is one known constant
 
 
-UNKNOWN = Facts()
+def facts(v: "Value | None") -> Facts:
+    """A value's facts, or nothing known (a scalar counts as one dimension of size one)."""
+    if v is not None and v.facts is not None:
+        return v.facts
+    rank = max(1, len(v.type.shape)) if v is not None else 1
+    return Facts((1,) * rank, (1,) * rank, (1,) * rank)
 
 
 @dataclass(eq=False)

@@ -202,7 +202,7 @@ def plain(a):
 
 def launch_source(kinds: tuple) -> str:
     """A launch function for arguments of these kinds, straight-line Python: it checks the kinds, builds the
-    specialization key (device, dtype, 2 GiB and alignment bits per tensor; range and alignment per int) and
+    specialization key (device, dtype, 2 GiB and alignment bits per tensor; range, alignment and == 1 per int) and
     calls the cached Launcher. Anything unexpected goes to `miss`, the general path, which also compiles."""
     n = len(kinds)
     names = [f"a{i}" for i in range(n)]
@@ -215,7 +215,7 @@ def launch_source(kinds: tuple) -> str:
     key += [f"p{a} & 15 == 0" for a in tensors]
     for a, k in zip(names, kinds):
         if k == "int":
-            key += [f"-2147483648 <= {a} < 2147483648", f"{a} & 15 == 0"]
+            key += [f"-2147483648 <= {a} < 2147483648", f"{a} & 15 == 0", f"{a} == 1"]
     values = [f"p{a}" if k == "tensor" else a for a, k in zip(names, kinds)]
     stream = f"d{tensors[0]}" if tensors else "-1"
     lines = [
@@ -277,8 +277,9 @@ class Kernel:
         meta, num_warps, num_stages = self.split_meta(args, meta)
         idx64 = needs_idx64(args)
         sig = {p.name: arg_type(a, idx64) for p, a in zip(self.runtime, args)}
+        ones = tuple(p.name for p, a in zip(self.runtime, args) if type(a) is int and a == 1)
         return Spec.of(sig, meta, num_warps=num_warps, num_stages=num_stages, idx64=idx64,
-                       aligned=aligned_params(self.runtime, args), arch=arch)
+                       aligned=aligned_params(self.runtime, args), ones=ones, arch=arch)
 
     def output(self, args, meta, until: str, arch: str | None = None) -> compiler.Output:
         return compiler.compile(self.module.ast, self.name, self.specialize(args, meta, arch or default_arch()), until)

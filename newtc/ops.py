@@ -175,3 +175,45 @@ def transpose(x: torch.Tensor) -> torch.Tensor:
     _stdlib("transpose").transpose[(-(-m // bm), -(-n // bn))](x, out, m, n, x.stride(0), out.stride(0),
                                                                BM=bm, BN=bn, num_warps=4)
     return out
+
+
+# ---- matmul -------------------------------------------------------------------------------------------
+def _matmul_config(m: int, n: int, k: int, itemsize: int) -> dict:
+    """Tile sizes by shape (a small table until the autotuner picks them): the 128x256 tile with 8 warps
+    for large products; for few rows (decoding), narrow tiles so that enough programs stream B, with a
+    longer K step and a deeper ring to keep each program's loads in flight. f32 (tf32) halves BK."""
+    if m <= 64:
+        cfg = dict(BM=max(16, _pow2(m)), BN=32, BK=128, num_warps=4, num_stages=4)
+    elif m * n <= 512 * 512:
+        cfg = dict(BM=64, BN=64, BK=64, num_warps=4, num_stages=3)
+    else:
+        cfg = dict(BM=128, BN=256, BK=64, num_warps=8, num_stages=3)
+    if itemsize == 4:
+        cfg["BK"] //= 2
+    cfg["BK"] = min(cfg["BK"], max(16, _pow2(k)))
+    return cfg
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+           activation: str | None = None) -> torch.Tensor:
+    """a @ b (+ bias over the columns, then relu or gelu) for 2-D f16, bf16 or f32 tensors (f32 runs as tf32);
+    any strides, so transposed views need no copy."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise NkError(f"matmul takes [M, K] @ [K, N], got {list(a.shape)} @ {list(b.shape)}")
+    _float(a, "matmul")
+    if b.dtype != a.dtype:
+        raise NkError(f"matmul operands must share a dtype, got {a.dtype} and {b.dtype}")
+    (m, k), n = a.shape, b.shape[1]
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if m == 0 or n == 0:
+        return c
+    cfg = _matmul_config(m, n, k, a.element_size())
+    grid = (-(-m // cfg["BM"]) * -(-n // cfg["BN"]),)
+    act = activation or "none"
+    strides = (*a.stride(), *b.stride(), *c.stride())
+    mod = _stdlib("matmul")
+    if bias is None:
+        mod.matmul[grid](a, b, c, m, n, k, *strides, GROUP_M=8, ACTIVATION=act, **cfg)
+    else:
+        mod.matmul_bias[grid](a, b, c, bias.contiguous(), m, n, k, *strides, GROUP_M=8, ACTIVATION=act, **cfg)
+    return c

@@ -15,7 +15,7 @@ import pytest
 
 import newtc
 from newtc import compiler, nvrtc, syntax
-from newtc.ops import _streamed, _warps
+from newtc.ops import _matmul_config, _streamed, _warps
 from newtc.types import Ptr, bf16, f16, f32, f64, i32, i64
 
 STDLIB = Path(__file__).resolve().parents[1] / "stdlib"
@@ -37,19 +37,20 @@ class Spec:
     num_stages: int
     expect: frozenset = field(default_factory=frozenset)  # SASS opcodes (prefixes) that must appear
     aligned: frozenset = frozenset()  # parameters specialized as 16-byte aligned / multiples of 16
+    ones: frozenset = frozenset()  # int parameters specialized as equal to 1
 
     @property
     def id(self) -> str:
         return f"{self.file}.{self.kernel}-{self.label}"
 
 
-def spec(file, kernel, label, sig, consts, num_warps, *expect, aligned=None, num_stages=1):
+def spec(file, kernel, label, sig, consts, num_warps, *expect, aligned=None, num_stages=1, ones=()):
     """`aligned` defaults to the pointers: what a launch with freshly allocated torch tensors specializes on
     (sizes such as 1000 are not multiples of 16)."""
     if aligned is None:
         aligned = [n for n, t in sig.items() if isinstance(t, Ptr)]
     return Spec(file, kernel, label, tuple(sig.items()), tuple(consts.items()), num_warps, num_stages, frozenset(expect),
-                frozenset(aligned))
+                frozenset(aligned), frozenset(ones))
 
 
 def add_sig(dt):
@@ -70,6 +71,26 @@ def ce_sig(dt):
 
 def gelu_sig(dt):
     return {**ptrs(dt, "x", "bias", "out"), "n": i32, "n_cols": i32}
+
+
+MATMUL_INTS = "M N K stride_am stride_ak stride_bk stride_bn stride_cm stride_cn".split()
+
+
+def matmul(kernel, label, dt, m, n, k, *expect, activation="none", transposed=False):
+    """A specialization as newtc.ops.matmul launches it on contiguous tensors of these sizes (or A transposed)."""
+    sig = {**ptrs(dt, "a", "b", "c"), **({"bias": Ptr(dt)} if kernel == "matmul_bias" else {}),
+           **{name: i32 for name in MATMUL_INTS}}
+    strides = dict(stride_am=1 if transposed else k, stride_ak=m if transposed else 1, stride_bk=n, stride_bn=1,
+                   stride_cm=n, stride_cn=1)
+    values = dict(M=m, N=n, K=k, **strides)
+    cfg = _matmul_config(m, n, k, dt.itemsize)
+    nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
+    aligned = [name for name, t in sig.items() if isinstance(t, Ptr)] + [x for x, v in values.items() if v % 16 == 0]
+    return spec("matmul", kernel, label, sig, {**cfg, "GROUP_M": 8, "ACTIVATION": activation}, nw, *expect,
+                aligned=aligned, num_stages=ns, ones=[x for x, v in values.items() if v == 1])
+
+
+MMA = ("HMMA", "LDSM", "LDGSTS", "BAR.SYNC")
 
 
 def transpose_sig(dt):
@@ -117,6 +138,14 @@ SPECS = [
     spec("transpose", "transpose", "f32", transpose_sig(f32), {"BM": 32, "BN": 32}, 4, *SMEM, "LDG.E.128"),
     # f16: the transposed read is whole 8x8 matrices, one ldmatrix.trans each
     spec("transpose", "transpose", "f16", transpose_sig(f16), {"BM": 32, "BN": 32}, 4, "STS", "LDSM", "BAR.SYNC"),
+    # the bench's shapes; an LLM decode shape; odd sizes (run-time checked copies); A transposed; tf32
+    matmul("matmul", "f16-4096", f16, 4096, 4096, 4096, *MMA),
+    matmul("matmul", "bf16-4096", bf16, 4096, 4096, 4096, *MMA),
+    matmul("matmul", "f16-16x4096", f16, 16, 4096, 4096, *MMA),
+    matmul("matmul", "f16-odd", f16, 1000, 1001, 100, *MMA),
+    matmul("matmul", "f16-a-transposed", f16, 4096, 4096, 4096, *MMA, transposed=True),
+    matmul("matmul", "f32-tf32", f32, 1024, 1024, 1024, *MMA[:1], "LDGSTS"),
+    matmul("matmul_bias", "f16-gelu", f16, 4096, 4096, 4096, *MMA, activation="gelu"),
 ]
 
 
@@ -130,7 +159,7 @@ def stdlib_module(stem: str):
 @functools.lru_cache(maxsize=None)
 def generated(s: Spec):
     module, path = stdlib_module(s.file)
-    spec = compiler.Spec(s.sig, s.consts, s.num_warps, s.num_stages, aligned=s.aligned)
+    spec = compiler.Spec(s.sig, s.consts, s.num_warps, s.num_stages, aligned=s.aligned, ones=s.ones)
     return compiler.compile(module, s.kernel, spec, until="cuda").cuda
 
 

@@ -266,7 +266,12 @@ class Codegen:
         params = []
         for p in k.params:
             self.names[id(p)] = param_name(p.name)
-            params.append(f"{cexpr.ctype(p.type.dtype)} {self.names[id(p)]}")
+            t = cexpr.ctype(p.type.dtype)
+            if p.name in k.spec.ones:  # specialized as 1: the constant lets NVRTC fold the arithmetic
+                params.append(f"{t} {p.name}_arg")
+                self.head.append(f"  const {t} {self.names[id(p)]} = 1;")
+            else:
+                params.append(f"{t} {self.names[id(p)]}")
         self.region(k.body)
         threads = 32 * k.spec.num_warps
         symbol = f"nk_{k.name}"  # prefixed: a kernel named like a CUDA builtin (norm, exp) must not clash

@@ -8,28 +8,29 @@ from __future__ import annotations
 
 from .. import ir
 from ..errors import NkError
-from ..layout import Layout
+from ..ir import facts
+from ..layout import Layout, dim_bits, log2
 from . import cexpr
 
 
-def facts(v) -> ir.Facts:
-    return v.facts if v is not None and v.facts is not None else ir.UNKNOWN
+def vector(layout: Layout, itemsize: int) -> tuple[int, int]:
+    """(dim, g): each thread's leading g registers are consecutive elements along dim (at most 16 bytes)."""
+    first = layout.reg[0] if layout.reg else 0
+    for dim, (s, w) in enumerate(dim_bits(layout.shape)):
+        if first == 1 << s and w:
+            g = 1
+            while log2(g) < min(w, len(layout.reg)) and layout.reg[log2(g)] == 1 << (s + log2(g)) \
+                    and 2 * g * itemsize <= 16:
+                g *= 2
+            return dim, g
+    return len(layout.shape) - 1, 1
 
 
-def group_size(layout: Layout, itemsize: int) -> int:
-    """Registers per vector access: leading register bits that walk consecutive flat elements."""
-    g = 1
-    while g < layout.nregs and len(layout.reg) > g.bit_length() - 1 and layout.reg[g.bit_length() - 1] == g \
-            and 2 * g * itemsize <= 16:
-        g *= 2
-    return g
-
-
-def proven(ptr: ir.Value, mask: ir.Value | None, layout: Layout, g: int, nbytes: int) -> bool:
+def proven(ptr: ir.Value, mask: ir.Value | None, layout: Layout, dim: int, g: int, nbytes: int) -> bool:
     """The analysis shows every group contiguous, aligned and uniformly masked: no run-time check."""
     f = facts(ptr)
-    return (layout.disjoint and ptr.type.shape[-1] >= g and f.contig >= g and f.div % nbytes == 0
-            and (mask is None or facts(mask).const >= g))
+    return (layout.disjoint and f.contig[dim] >= g and f.div[dim] % nbytes == 0
+            and (mask is None or facts(mask).const[dim] >= g))
 
 
 def vector_condition(ptrs: list[str], masks: list[str] | None, nbytes: int) -> str:
@@ -56,8 +57,8 @@ def load(cg, op: ir.Op) -> None:
     ptrs = cg.regs(op.args[0])
     masks = cg.regs(op.args[1]) if op.args[1] is not None else None
     others = cg.regs(op.args[2]) if op.args[2] is not None else [f"nk_zero<{t}>()"] * n
-    g = group_size(layout, res.type.dtype.itemsize)
-    static = proven(op.args[0], op.args[1], layout, g, g * res.type.dtype.itemsize)
+    dim, g = vector(layout, res.type.dtype.itemsize)
+    static = proven(op.args[0], op.args[1], layout, dim, g, g * res.type.dtype.itemsize)
     for base in range(0, n, g):
         p, m = ptrs[base:base + g], masks[base:base + g] if masks else None
         scalar = [f"{name}[{base + j}] = {m[j]} ? *{p[j]} : {others[base + j]};" if m else
@@ -67,14 +68,14 @@ def load(cg, op: ir.Op) -> None:
             continue
         word = f"u.w = *(const decltype(u.w)*)({p[0]});"
         unpack = [f"{name}[{base + j}] = u.e[{j}];" for j in range(g)]
-        vector = [f"nk_pack<{t}, {g}> u;", word, *unpack]
+        wide = [f"nk_pack<{t}, {g}> u;", word, *unpack]
         if static and m:  # `other` fills the registers a predicated load then overwrites: no merging after
             fill = [f"u.e[{j}] = {others[base + j]};" for j in range(g)]
-            cg.emit(" ".join(["{", vector[0], *fill, f"if ({m[0]}) {word}", *unpack, "}"]))
+            cg.emit(" ".join(["{", wide[0], *fill, f"if ({m[0]}) {word}", *unpack, "}"]))
         elif static:
-            cg.emit(" ".join(["{", *vector, "}"]))
+            cg.emit(" ".join(["{", *wide, "}"]))
         else:
-            cg.emit(branch(vector_condition(p, m, g * res.type.dtype.itemsize), vector, scalar))
+            cg.emit(branch(vector_condition(p, m, g * res.type.dtype.itemsize), wide, scalar))
 
 
 def scalar_load(cg, op: ir.Op) -> str:
@@ -95,8 +96,8 @@ def store(cg, op: ir.Op) -> None:
     ptrs, vals = cg.regs(ptr), cg.regs(val)
     masks = cg.regs(mask) if mask is not None else None
     t = cexpr.ctype(val.type.dtype)
-    g = group_size(layout, val.type.dtype.itemsize)
-    static = proven(ptr, mask, layout, g, g * val.type.dtype.itemsize)
+    dim, g = vector(layout, val.type.dtype.itemsize)
+    static = proven(ptr, mask, layout, dim, g, g * val.type.dtype.itemsize)
     owner = cg.owner(layout)
     if owner:
         cg.emit(f"if ({owner}) {{")
@@ -106,12 +107,12 @@ def store(cg, op: ir.Op) -> None:
         if g == 1:
             cg.emit_all(scalar)
             continue
-        vector = [f"nk_pack<{t}, {g}> u;"] + [f"u.e[{j}] = {vals[base + j]};" for j in range(g)]
-        vector += [f"*(decltype(u.w)*)({p[0]}) = u.w;"]
+        wide = [f"nk_pack<{t}, {g}> u;"] + [f"u.e[{j}] = {vals[base + j]};" for j in range(g)]
+        wide += [f"*(decltype(u.w)*)({p[0]}) = u.w;"]
         if static:
-            cg.emit(f"if ({m[0]}) {{ {' '.join(vector)} }}" if m else " ".join(["{"] + vector + ["}"]))
+            cg.emit(f"if ({m[0]}) {{ {' '.join(wide)} }}" if m else " ".join(["{"] + wide + ["}"]))
         else:
-            cg.emit(branch(vector_condition(p, m, g * val.type.dtype.itemsize), vector, scalar))
+            cg.emit(branch(vector_condition(p, m, g * val.type.dtype.itemsize), wide, scalar))
     if owner:
         cg.emit("}")
 

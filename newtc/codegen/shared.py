@@ -10,7 +10,7 @@ from __future__ import annotations
 from .. import ir
 from ..layout import Layout, inverse, log2, to_coord, to_flat, xor_span
 from . import cexpr
-from .memory import group_size, proven, vector_condition
+from .memory import proven, vector, vector_condition
 
 
 def shared_offsets(reg: Layout, shared: Layout, start: tuple) -> tuple:
@@ -154,9 +154,10 @@ def async_copy(cg, op: ir.Op) -> None:
     t = cexpr.ctype(ptr.type.dtype.elem)
     ptrs = cg.regs(ptr)
     masks = cg.regs(mask) if mask is not None else None
-    g = min(group_size(lay, acc.item), acc.group())
+    dim, g = vector(lay, acc.item)
+    g = min(g, acc.group())
     nbytes = g * acc.item
-    static = proven(ptr, mask, lay, g, nbytes)
+    static = proven(ptr, mask, lay, dim, g, nbytes)
     stmts = []
     for i in range(0, lay.nregs, g):
         m = masks[i] if masks else "true"

@@ -1,16 +1,17 @@
-"""What is known about the values of integer, pointer and mask blocks along their last dimension.
+"""What is known about the values of integer, pointer and mask blocks, dimension by dimension.
 
-Facts(contig, div, const), each a power of two: the block splits into aligned chunks of `contig`
-elements holding consecutive values; the first value of each chunk is a multiple of `div` (bytes,
-for pointers); the block also splits into aligned chunks of `const` equal values. With 16-divisible
-integer arguments and 16-byte aligned pointers (the specialization, as in Triton), this proves that a
-16-byte group of a load or store is contiguous, aligned and uniformly masked, so codegen emits one
-vector access with no run-time check.
+Facts(contig, div, const, value): along dim d the block splits into aligned runs of contig[d]
+elements whose values step by one; the first value of each run is a multiple of div[d] (bytes, for
+pointers); the block also splits into runs of const[d] equal values; `value`, when known, is the one
+value of every element. A scalar has one dimension of size one. With 16-divisible integer arguments,
+16-byte aligned pointers and arguments equal to 1 (the specialization, as in Triton), this proves that
+a 16-byte group of a load or store is contiguous, aligned and uniformly masked, so codegen emits one
+vector access with no run-time check, and tells layout assignment which dim a pointer block runs along.
 """
 from __future__ import annotations
 
 from .. import ir
-from ..ir import UNKNOWN, Facts
+from ..ir import Facts, facts
 from ..types import Ptr
 
 TOP = 1 << 20  # "divisible by anything" (the value 0), capped
@@ -20,12 +21,8 @@ def pow2_divisor(n: int) -> int:
     return TOP if n == 0 else min(TOP, n & -n)
 
 
-def last(v: ir.Value) -> int:
-    return v.type.shape[-1] if v.type.shape else 1
-
-
-def facts(v) -> Facts:
-    return v.facts if v is not None and v.facts is not None else UNKNOWN
+def unknown(rank: int) -> Facts:
+    return Facts((1,) * rank, (1,) * rank, (1,) * rank)
 
 
 def elem_bytes(v: ir.Value) -> int:
@@ -33,60 +30,92 @@ def elem_bytes(v: ir.Value) -> int:
     return dt.elem.itemsize if isinstance(dt, Ptr) else 1
 
 
+def _zip(f, a: Facts, b: Facts) -> tuple:
+    return tuple(f(*t) for t in zip(a.contig, a.div, a.const, b.contig, b.div, b.const))
+
+
 def _add(op: ir.Op, a: Facts, b: Facts) -> Facts:
-    contig = max(min(a.contig, b.const), min(b.contig, a.const))
     if op.kind == "ptradd":  # the offset counts elements, the pointer's divisibility bytes
-        b = Facts(b.contig, min(TOP, b.div * elem_bytes(op.args[0])), b.const)
-    return Facts(contig, min(a.div, b.div), min(a.const, b.const))
+        n = elem_bytes(op.args[0])
+        b = Facts(b.contig, tuple(min(TOP, d * n) for d in b.div), b.const)
+    contig = _zip(lambda ac, ad, ak, bc, bd, bk: max(min(ac, bk), min(bc, ak)), a, b)
+    value = a.value + b.value if a.value is not None and b.value is not None and op.kind == "add" else None
+    return Facts(contig, _zip(lambda ac, ad, ak, bc, bd, bk: min(ad, bd), a, b),
+                 _zip(lambda ac, ad, ak, bc, bd, bk: min(ak, bk), a, b), value)
+
+
+def _sub(op: ir.Op, a: Facts, b: Facts) -> Facts:
+    return Facts(_zip(lambda ac, ad, ak, bc, bd, bk: min(ac, bk), a, b),
+                 _zip(lambda ac, ad, ak, bc, bd, bk: min(ad, bd), a, b),
+                 _zip(lambda ac, ad, ak, bc, bd, bk: min(ak, bk), a, b))
 
 
 def _mul(op: ir.Op, a: Facts, b: Facts) -> Facts:
-    return Facts(1, min(TOP, a.div * b.div), min(a.const, b.const))
+    if a.value == 1 or b.value == 1:  # times one: the other operand, unchanged
+        return b if a.value == 1 else a
+    value = a.value * b.value if a.value is not None and b.value is not None else None
+    return Facts((1,) * len(a.contig), _zip(lambda ac, ad, ak, bc, bd, bk: min(TOP, ad * bd), a, b),
+                 _zip(lambda ac, ad, ak, bc, bd, bk: min(ak, bk), a, b), value)
 
 
 def _compare(op: ir.Op, a: Facts, b: Facts) -> Facts:
     # a run of consecutive values starting at a multiple of k stays on one side of a multiple of k
-    const = min(a.const, b.const)
-    for x, y in ((a, b), (b, a)):
-        const = max(const, min(x.contig, x.div, y.const, y.div))
-    return Facts(1, 1, const)
+    def const(ac, ad, ak, bc, bd, bk):
+        return max(min(ak, bk), min(ac, ad, bk, bd), min(bc, bd, ak, ad))
+    n = len(a.contig)
+    return Facts((1,) * n, (1,) * n, _zip(const, a, b))
 
 
 def _logic(op: ir.Op, a: Facts, b: Facts) -> Facts:
-    return Facts(1, 1, min(a.const, b.const))
+    n = len(a.contig)
+    return Facts((1,) * n, (1,) * n, _zip(lambda ac, ad, ak, bc, bd, bk: min(ak, bk), a, b))
 
 
-RULES = {"add": _add, "ptradd": _add, "mul": _mul, "lt": _compare, "le": _compare, "gt": _compare,
+RULES = {"add": _add, "ptradd": _add, "sub": _sub, "mul": _mul, "lt": _compare, "le": _compare, "gt": _compare,
          "ge": _compare, "and": _logic, "or": _logic}
 
 
 def infer(op: ir.Op) -> Facts:
     kind, res = op.kind, op.result
+    shape = res.type.shape
+    rank = max(1, len(shape))
     if kind == "const":
         v = op.attrs["value"]
-        return Facts(1, pow2_divisor(v) if isinstance(v, int) else 1, 1)
+        return Facts((1,), (pow2_divisor(v) if isinstance(v, int) else 1,), (1,), v if isinstance(v, int) else None)
     if kind == "arange":
-        return Facts(last(res), pow2_divisor(op.attrs["start"]), 1)
+        return Facts((shape[0],), (pow2_divisor(op.attrs["start"]),), (1,))
     if kind == "splat":
-        return Facts(1, facts(op.args[0]).div, last(res))
+        f = facts(op.args[0])
+        return Facts((1,) * rank, (f.div[0],) * rank, tuple(shape), f.value)
     if kind == "broadcast":
-        f = facts(op.args[0])
-        return Facts(1, f.div, last(res)) if last(op.args[0]) == 1 else f
+        f, src = facts(op.args[0]), op.args[0].type.shape
+        wide = [s == 1 and n > 1 for s, n in zip(src, shape)]
+        return Facts(tuple(1 if w else c for w, c in zip(wide, f.contig)), f.div,
+                     tuple(n if w else k for w, n, k in zip(wide, shape, f.const)), f.value)
     if kind == "expand_dims":
-        f = facts(op.args[0])
-        return Facts(1, f.div, 1) if op.attrs["axis"] == len(res.type.shape) - 1 else f
+        f, a = facts(op.args[0]), op.attrs["axis"]
+        lone = min(f.div) if all(c == 1 for c in f.contig) else 1  # the divisibility of every single element
+        if not op.args[0].type.shape:
+            return Facts((1, 1), (lone, lone), (1, 1), f.value)
+        return Facts(f.contig[:a] + (1,) + f.contig[a:], f.div[:a] + (lone,) + f.div[a:],
+                     f.const[:a] + (1,) + f.const[a:], f.value)
+    if kind == "trans":
+        f, perm = facts(op.args[0]), op.attrs["perm"]
+        return Facts(tuple(f.contig[p] for p in perm), tuple(f.div[p] for p in perm), tuple(f.const[p] for p in perm),
+                     f.value)
     if kind in ("cast", "not") and op.args[0].type.dtype.kind != "f" and res.type.dtype.kind != "f":
-        return Facts(1, 1, facts(op.args[0]).const)
+        f = facts(op.args[0])
+        return Facts((1,) * rank, (1,) * rank, f.const)
     if kind in RULES:
         return RULES[kind](op, facts(op.args[0]), facts(op.args[1]))
-    return UNKNOWN
+    return unknown(rank)
 
 
 def region(r: ir.Region) -> None:
     for op in r.ops:
         if op.kind == "for":
             iv = op.regions[0].params[0]
-            iv.facts = Facts(1, min(facts(op.args[0]).div, facts(op.args[2]).div), 1)
+            iv.facts = Facts((1,), (min(facts(op.args[0]).div[0], facts(op.args[2]).div[0]),), (1,))
         for sub in op.regions:
             region(sub)
         if len(op.results) == 1 and op.kind not in ("for", "if"):
@@ -95,7 +124,9 @@ def region(r: ir.Region) -> None:
 
 def analyze_axes(k: ir.Kernel) -> ir.Kernel:
     for p in k.params:
-        if p.name in k.spec.aligned:
-            p.facts = Facts(1, 16, 1)
+        if p.name in k.spec.ones:
+            p.facts = Facts((1,), (1,), (1,), 1)
+        elif p.name in k.spec.aligned:
+            p.facts = Facts((1,), (16,), (1,))
     region(k.body)
     return k

@@ -14,6 +14,7 @@ Two phases: `Plan` decides layouts (loops are traced until their carried layouts
 from __future__ import annotations
 
 from .. import ir
+from ..ir import facts
 from ..layout import (Layout, blocked, log2, mma_acc, mma_operand, mma_warps, remap, slice_layout)
 from ..types import bf16, f16, f32, i8, i32, u8
 
@@ -69,11 +70,28 @@ def mma_shape(op: ir.Op, arch: str) -> tuple | None:
     return MMA[key] if m >= 16 and n >= 8 and k >= 8 * kwidth else None
 
 
+def fma_acc(shape: tuple, num_warps: int, vec: int) -> Layout:
+    """The CUDA-core accumulator: vec consecutive columns per thread, lanes 8 wide and 4 tall, warps down the
+    rows, then registers alternating rows and columns, so that each thread's tile (the A rows and B columns
+    it reads per k) stays square."""
+    m, n = shape
+    rows, cols = [1 << (log2(n) + b) for b in range(log2(m))], [1 << b for b in range(log2(n))]
+
+    def take(first: list, second: list, count: int) -> list:
+        return [(first or second or [0]).pop(0) if first or second else 0 for _ in range(count)]
+    reg = take(cols, [], min(log2(vec), len(cols)))
+    lane = take(cols, rows, 3) + take(rows, cols, 2)
+    warp = take(rows, cols, log2(num_warps))
+    while rows or cols:
+        reg += take(rows if len(rows) >= len(cols) else cols, [], 1)
+    return Layout(tuple(shape), tuple(reg), tuple(lane), tuple(warp))
+
+
 def fma_layouts(k: ir.Kernel, op: ir.Op, vec: int) -> tuple:
-    """CUDA-core dot: the accumulator in the default layout, each thread's rows of A and columns of B
-    with all of K in registers, so that every accumulator register is a chain of fused multiply-adds."""
+    """CUDA-core dot: each thread's rows of A and columns of B with all of K in registers, so that every
+    accumulator register is a chain of fused multiply-adds."""
     (m, kk), n = op.args[0].type.shape, op.args[1].type.shape[1]
-    acc = blocked((m, n), k.spec.num_warps, vec)
+    acc = fma_acc((m, n), k.spec.num_warps, vec)
 
     def lift(b: int) -> int:  # a flat index of [M, N] in the [M, K, N] block, at k = 0
         return ((b >> log2(n)) << (log2(kk) + log2(n))) | (b & (n - 1))
@@ -81,6 +99,7 @@ def fma_layouts(k: ir.Kernel, op: ir.Op, vec: int) -> tuple:
                 tuple(map(lift, acc.lane)), tuple(map(lift, acc.warp)))
     a = remap(l3, (m, kk), lambda c: (c[0], c[1]))
     b = remap(l3, (kk, n), lambda c: (c[1], c[2]))
+    a, b = (Layout(x.shape, tuple(r for r in x.reg if r), x.lane, x.warp) for x in (a, b))  # no copies in a thread
     return a, b, slice_layout(l3, 1)
 
 
@@ -94,9 +113,15 @@ class Plan:
         self.want: dict[int, list] = {}  # id(op) -> the layout of each operand (None: scalar or absent)
         self.free_ids: dict[int, bool] = {}
 
-    def default(self, t) -> Layout:
+    def default(self, t, order: tuple | None = None) -> Layout:
         vec = self.vec.get(t.shape) or 16 // max(1, t.dtype.itemsize)
-        return blocked(t.shape, self.k.spec.num_warps, vec)
+        return blocked(t.shape, self.k.spec.num_warps, vec, order)
+
+    def coalesced(self, ptr: ir.Value) -> Layout:
+        """The default layout of a memory access, its threads running along the pointer's most contiguous dim."""
+        shape, f = ptr.type.shape, facts(ptr)
+        order = sorted(range(len(shape)), key=lambda d: (-min(f.contig[d], shape[d]), -d))
+        return self.default(ptr.type.with_dtype(ptr.type.dtype.elem), tuple(order))
 
     def free(self, v: ir.Value) -> bool:
         """Recomputed in each consumer's layout: index values and views."""
@@ -128,13 +153,13 @@ class Plan:
         if kind == "store":
             ptr, val, _ = op.args
             if ptr.type.shape:
-                lay = self.of(val) if not self.free(val) else self.default(ptr.type.with_dtype(ptr.type.dtype.elem))
+                lay = self.of(val) if not self.free(val) else self.coalesced(ptr)
                 self.want[id(op)] = [lay] * 3
             return
         if res is None or not res.type.shape or self.free(res):
             return
         if kind in ("load", "atomic"):
-            res.layout = self.default(res.type)
+            res.layout = self.coalesced(op.args[0])
             self.want[id(op)] = [res.layout] * len(op.args)
         elif kind == "reduce":
             src = self.of(op.args[0])

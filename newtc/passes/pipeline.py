@@ -18,6 +18,7 @@ from __future__ import annotations
 from .. import ir
 from ..layout import restrict
 from ..types import Type, bool_, i32
+from .axisinfo import analyze_axes
 from .lower import alloc, uses
 
 PURE = ir.ELEMENTWISE | ir.VIEWS | {"arange", "const", "convert"}
@@ -191,6 +192,7 @@ def pipeline(k: ir.Kernel) -> ir.Kernel:
         Pipeliner(k).region(k.body)
         while remove_dead(k.body, uses(k)):
             pass
+        analyze_axes(k)  # facts for the masks and addresses of later iterations
     return k
 
 
@@ -219,7 +221,11 @@ def split_dots(k: ir.Kernel) -> ir.Kernel:
         if not (la and lb and la.kind == lb.kind == "local_load" and len(readers[id(a)]) == len(readers[id(b)]) == 1):
             return None
         (m, kk), n = a.type.shape, b.type.shape[1]
-        step = int(op.attrs["mma"].rsplit("k", 1)[1]) if "mma" in op.attrs else min(kk, 8)
+        if "mma" in op.attrs:
+            step = int(op.attrs["mma"].rsplit("k", 1)[1])
+        else:  # CUDA cores: about 64 operand registers a step (a thread's rows of A and columns of B, per k)
+            per_k = a.layout.nregs // kk + b.layout.nregs // kk
+            step = max(1, min(kk, 1 << (max(1, 64 // per_k).bit_length() - 1)))
         if kk <= step:
             return None
         reads, dots = [], []

@@ -1,0 +1,148 @@
+"""Matmul: newt (newtc.ops.matmul, stdlib/matmul.nk) vs Triton (its tutorial kernel, autotuned over the
+tutorial's configurations) vs cuBLAS (torch.matmul), f16 and bf16, TFLOP/s.
+
+    python bench/bench_matmul.py [--quick] [--sweep]
+
+--sweep also times newt's kernel over a grid of tile configurations on 4096^3 (to tune ops._matmul_config).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import common
+from common import Table, bench, check_close, failure, ratio
+
+SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096), (16, 4096, 4096)]
+
+
+def triton_matmul():
+    """Triton's matmul tutorial (03-matrix-multiplication.py), autotuned over its CUDA configurations."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    configs = [triton.Config({"BLOCK_SIZE_M": m, "BLOCK_SIZE_N": n, "BLOCK_SIZE_K": k, "GROUP_SIZE_M": 8},
+                             num_stages=s, num_warps=w)
+               for m, n, k, s, w in ((128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4),
+                                     (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (128, 32, 32, 4, 4),
+                                     (64, 32, 32, 5, 2), (32, 64, 32, 5, 2), (128, 256, 64, 4, 8),
+                                     (256, 128, 64, 3, 8), (16, 64, 128, 4, 4), (16, 32, 256, 4, 4))]
+
+    @triton.autotune(configs=configs, key=["M", "N", "K"])
+    @triton.jit
+    def kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+               BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+               GROUP_SIZE_M: tl.constexpr):
+        pid = tl.program_id(axis=0)
+        num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
+        num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+        num_pid_in_group = GROUP_SIZE_M * num_pid_n
+        group_id = pid // num_pid_in_group
+        first_pid_m = group_id * GROUP_SIZE_M
+        group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
+        pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+        pid_n = (pid % num_pid_in_group) // group_size_m
+        offs_am = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)) % M
+        offs_bn = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
+        offs_k = tl.arange(0, BLOCK_SIZE_K)
+        a_ptrs = a_ptr + (offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak)
+        b_ptrs = b_ptr + (offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn)
+        accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_SIZE_K, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k * BLOCK_SIZE_K, other=0.0)
+            accumulator = tl.dot(a, b, accumulator)
+            a_ptrs += BLOCK_SIZE_K * stride_ak
+            b_ptrs += BLOCK_SIZE_K * stride_bk
+        c = accumulator.to(c_ptr.dtype.element_ty)
+        offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+        offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+        c_ptrs = c_ptr + stride_cm * offs_cm[:, None] + stride_cn * offs_cn[None, :]
+        tl.store(c_ptrs, c, mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
+
+    def matmul(a, b):
+        (m, k), n = a.shape, b.shape[1]
+        c = torch.empty((m, n), device=a.device, dtype=a.dtype)
+        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_SIZE_M"]) * triton.cdiv(n, meta["BLOCK_SIZE_N"]),)  # noqa: E731
+        kernel[grid](a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride())
+        return c
+    return matmul
+
+
+def tflops(m, n, k, ms) -> float | str:
+    return 2 * m * n * k / ms / 1e9 if isinstance(ms, float) else ms
+
+
+def timed(fn, ref, quick) -> float | str:
+    try:
+        out = fn()
+        check_close(out.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().mean().item() * 4)
+        return bench(fn, quick)
+    except Exception as e:  # one broken kernel must not hide the rest of the table
+        return failure(e)
+
+
+def run(quick: bool, sweep: bool = False):
+    import torch
+    from newtc import ops
+    try:
+        tmm = triton_matmul()
+    except ImportError:
+        tmm = None
+    rows = []
+    for dtype in (torch.float16, torch.bfloat16):
+        for m, n, k in SHAPES[:2] if quick else SHAPES:
+            a = torch.randn(m, k, device="cuda", dtype=dtype)
+            b = torch.randn(k, n, device="cuda", dtype=dtype)
+            ref = (a.float() @ b.float())
+            t_newt = timed(lambda: ops.matmul(a, b), ref, quick)
+            t_tri = timed(lambda: tmm(a, b), ref, quick) if tmm else "n/a"
+            t_cub = timed(lambda: a @ b, ref, quick)
+            rows.append({"kernel": f"matmul {str(dtype)[6:]}", "shape": f"{m}x{n}x{k}",
+                         "newt TFLOP/s": tflops(m, n, k, t_newt), "Triton TFLOP/s": tflops(m, n, k, t_tri),
+                         "cuBLAS TFLOP/s": tflops(m, n, k, t_cub), "newt/Triton": ratio(t_tri, t_newt),
+                         "newt/cuBLAS": ratio(t_cub, t_newt)})
+            print(rows[-1], flush=True)
+    yield Table("matmul (TFLOP/s; ratios are speed: above 1, newt is faster)", rows)
+    if sweep:
+        yield sweep_configs(quick)
+
+
+def sweep_configs(quick: bool) -> Table:
+    """newt's kernel over tile configurations, f16 4096^3: what ops._matmul_config should pick."""
+    import torch
+    import newtc.ops as ops
+    m = n = k = 4096
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+    c = torch.empty(m, n, device="cuda", dtype=torch.float16)
+    ref = a.float() @ b.float()
+    mod = ops._stdlib("matmul")
+    rows = []
+    for bm, bn, bk, w, s in ((128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 3), (128, 256, 32, 8, 4),
+                             (128, 128, 64, 4, 3), (128, 128, 32, 4, 4), (128, 128, 64, 8, 3), (256, 128, 32, 8, 4),
+                             (64, 256, 32, 4, 4), (128, 256, 64, 8, 2), (256, 256, 32, 8, 3)):
+        grid = (-(-m // bm) * -(-n // bn),)
+
+        def fn():
+            mod.matmul[grid](a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), BM=bm, BN=bn, BK=bk,
+                             GROUP_M=8, num_warps=w, num_stages=s)
+            return c
+        t = timed(fn, ref, quick)
+        rows.append({"config": f"{bm}x{bn}x{bk} w{w} s{s}", "TFLOP/s": tflops(m, n, k, t)})
+        print(rows[-1], flush=True)
+    return Table("newt matmul configurations, f16 4096^3", rows)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--sweep", action="store_true")
+    args = p.parse_args()
+    if not common.cuda_available():
+        print("no CUDA GPU: nothing to benchmark")
+        sys.exit(0)
+    for t in run(args.quick, args.sweep):
+        print(t.markdown() + "\n")
+        common.write(f"matmul_{t.title.split()[0]}.md", t.markdown())

@@ -1,0 +1,123 @@
+"""newtc.ops.matmul (stdlib/matmul.nk) against torch: in the interpreter on the CPU and on the GPU (marker gpu).
+
+Odd sizes exercise every mask (M, N, K not multiples of the tiles, K shorter than the pipeline), transposed
+views the column-major paths, bias and activations the epilogue. Outputs start as NaN.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import newtc
+from newtc import ops
+
+# relative Frobenius error: f32 runs as tf32 (10-bit mantissa), f16 and bf16 round the output
+TOL = {torch.float32: 3e-3, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    real = torch.empty
+
+    def poisoned(*args, **kwargs):
+        return real(*args, **kwargs).fill_(float("nan"))
+    monkeypatch.setattr(ops.torch, "empty", poisoned)
+
+
+def devices():
+    return ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def reference(a, b, bias=None, activation=None):
+    r = a.double() @ b.double()
+    if bias is not None:
+        r = r + bias.double()
+    if activation == "relu":
+        r = torch.relu(r)
+    elif activation == "gelu":
+        r = F.gelu(r)
+    return r
+
+
+def check(out, ref, dtype):
+    assert out.dtype == dtype and out.shape == ref.shape
+    assert torch.isfinite(out).all(), "unwritten (NaN) or overflowed elements"
+    err = ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    assert err < TOL[dtype], f"relative error {err:.2e}"
+
+
+SHAPES = {  # (M, N, K): the interpreter runs a program at a time in Python, so the CPU's stay small
+    "cpu": [(1, 3, 8), (17, 45, 100), (64, 64, 64), (33, 1001, 40), (130, 140, 72)],
+    "cuda": [(1, 3, 8), (17, 1001, 100), (1000, 1001, 4097), (1000, 3, 8), (16, 4096, 4096), (512, 768, 1024),
+             (2048, 2048, 512), (257, 513, 33)],
+}
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_matmul(device, dtype):
+    for m, n, k in SHAPES[device]:
+        a = torch.randn(m, k, device=device).to(dtype)
+        b = torch.randn(k, n, device=device).to(dtype)
+        check(ops.matmul(a, b), reference(a, b), dtype)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("layout", ["a_t", "b_t", "both_t", "strided_rows"])
+def test_matmul_views(device, layout):
+    m, n, k = (70, 50, 40) if device == "cpu" else (1000, 1001, 516)
+    a = torch.randn(k, m, device=device).half().t() if layout in ("a_t", "both_t") else \
+        torch.randn(m, k, device=device).half()
+    b = torch.randn(n, k, device=device).half().t() if layout in ("b_t", "both_t") else \
+        torch.randn(k, n, device=device).half()
+    if layout == "strided_rows":  # every other row of a wider tensor
+        a = torch.randn(m, 2 * k, device=device).half()[:, ::2][:, :k]
+        b = torch.randn(k, n + 24, device=device).half()[:, :n]
+    check(ops.matmul(a, b), reference(a, b), torch.float16)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matmul_epilogue(device, activation, with_bias):
+    m, n, k = (40, 72, 48) if device == "cpu" else (777, 1025, 320)
+    a, b = torch.randn(m, k, device=device).half(), torch.randn(k, n, device=device).half()
+    bias = torch.randn(n, device=device).half() if with_bias else None
+    check(ops.matmul(a, b, bias, activation), reference(a, b, bias, activation), torch.float16)
+
+
+def test_matmul_rejects_bad_operands():
+    with pytest.raises(newtc.NkError, match=r"matmul takes \[M, K\] @ \[K, N\]"):
+        ops.matmul(torch.randn(3, 4), torch.randn(5, 6))
+    with pytest.raises(newtc.NkError, match="share a dtype"):
+        ops.matmul(torch.randn(3, 4), torch.randn(4, 6).half())
+    with pytest.raises(newtc.NkError, match="f32, f16 or bf16"):
+        ops.matmul(torch.ones(3, 4, dtype=torch.int32), torch.ones(4, 6, dtype=torch.int32))
+
+
+I8 = """\
+kernel i8dot(a, b, c, BM: constexpr, BN: constexpr, BK: constexpr):
+    rm = arange(0, BM)
+    rn = arange(0, BN)
+    rk = arange(0, BK)
+    x = load(a + rm[:, None] * BK + rk[None, :])
+    y = load(b + rk[:, None] * BN + rn[None, :])
+    store(c + rm[:, None] * BN + rn[None, :], dot(x, y))
+"""
+
+
+@pytest.mark.parametrize("device", devices())
+def test_i8_dot_accumulates_in_i32(device):
+    mod = newtc.compile(I8, "i8.nk")
+    a = torch.randint(-128, 128, (32, 64), dtype=torch.int8, device=device)
+    b = torch.randint(-128, 128, (64, 16), dtype=torch.int8, device=device)
+    c = torch.full((32, 16), -1, dtype=torch.int32, device=device)
+    mod.i8dot[(1,)](a, b, c, BM=32, BN=16, BK=64)
+    assert torch.equal(c.cpu(), (a.long() @ b.long()).int().cpu())
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_i8_dot_runs_on_the_tensor_cores(arch):
+    mod = newtc.compile(I8, "i8.nk")
+    a, b = torch.zeros(32, 64, dtype=torch.int8), torch.zeros(64, 16, dtype=torch.int8)
+    sass = mod.i8dot.sass(a, b, torch.zeros(32, 16, dtype=torch.int32), BM=32, BN=16, BK=64, arch=arch)
+    assert "IMMA" in sass and "LDL" not in sass
