@@ -33,11 +33,13 @@ Made by the passes (the checker never emits them; the interpreter runs the IR be
   convert     (x)                                          the same block in another register layout
   alloc                          attrs offset (bytes, set by passes.smem)   a shared-memory buffer: its type's
                                                            dtype is a Buffer, its layout a shared layout
-  local_store (buf, x, slot|None)                          write a block into (a slot of) a buffer
-  local_load  (buf, slot|None)   attrs start (coordinate of the sub-tile read)
-  async_copy  (buf, ptr, mask|None, slot)                  cp.async of a pointer block into a slot
+  slot        (ring, index)                                one tile of a ring buffer, itself a buffer
+  local_store (buf, x)                                     write a block into a buffer
+  local_load  (buf)              attrs start (coordinate of the sub-tile read)
+  async_copy  (buf, ptr, mask|None)                        cp.async of a pointer block into a buffer
   async_commit, async_wait       attrs pending              cp.async groups
-  barrier                                                  __syncthreads
+  barrier, fence_async                                     __syncthreads; order shared-memory writes before the
+                                                           tensor cores' (async proxy) reads
 reduce takes a scratch buffer as a second operand when warps meet along the axis; a scalar atomic
 takes one as its last operand (the old value reaches every thread through it).
 """
@@ -82,6 +84,12 @@ class Buffer:
 
 def buffer_bytes(v: "Value") -> int:
     return v.type.numel * v.type.dtype.elem.itemsize * v.type.dtype.slots
+
+
+def root_buffer(v: "Value", defs: dict) -> "Op":
+    """The alloc a buffer value (an alloc's result or a slot of a ring) lives in."""
+    op = defs[id(v)]
+    return root_buffer(op.args[0], defs) if op.kind == "slot" else op
 
 
 @dataclass(frozen=True)

@@ -198,23 +198,25 @@ def row_major(shape: tuple, order: tuple | None = None) -> Layout:
 
 
 def swizzled(shape: tuple, order: tuple, itemsize: int) -> Layout:
-    """A 2-D tile stored along order[0] in rows, its 16-byte chunks XOR-ed with the row index (the row
-    modulo 128 bytes' worth of rows) so that 8 rows' chunks land in 8 distinct bank groups: what an
-    ldmatrix phase (8 row addresses of 16 bytes) and a warp's 16-byte stores need to be conflict free."""
+    """A 2-D tile stored along order[0] in rows of at most 128 bytes (wider tiles are cut into 128-byte
+    panels, stored one after the other), each row's 16-byte chunks XOR-ed with the row index modulo the
+    rows of a 1024-byte atom: what the tensor cores' 128/64/32-byte swizzle modes read (the address bits
+    4-6 XOR-ed with bits 7-9), and what keeps 8 rows' chunks in 8 distinct bank groups for ldmatrix and
+    16-byte stores."""
     inner, outer = order
     vec = 16 // itemsize
-    cols, rows = shape[inner], shape[outer]
     (cs, cw), (rs, rw) = dim_bits(shape)[inner], dim_bits(shape)[outer]
-    per_phase = max(1, 128 // (cols * itemsize))  # rows sharing one 128-byte line share a phase
-    chunk_bits = max(0, cw - log2(vec))
-    phases = min(chunk_bits, 3, max(0, rw - log2(per_phase)))
-    offset = [1 << (cs + b) for b in range(cw)]
+    pw = min(cw, log2(128 // itemsize))  # column bits inside a panel row (at most 128 bytes)
+    per_phase = max(1, 128 // ((1 << pw) * itemsize))  # rows sharing one 128-byte line share a phase
+    phases = min(max(0, pw - log2(vec)), 3, max(0, rw - log2(per_phase)))
+    offset = [1 << (cs + b) for b in range(pw)]
     for b in range(rw):
         base = 1 << (rs + b)
         p = b - log2(per_phase)
         if 0 <= p < phases:  # this row bit flips a chunk bit: storing row r at chunk c ^ phase(r)
             base |= 1 << (cs + log2(vec) + p)
         offset.append(base)
+    offset += [1 << (cs + b) for b in range(pw, cw)]  # then the panels
     return Layout(tuple(shape), (), offset=tuple(offset))
 
 

@@ -288,7 +288,7 @@ from . import memory, mma, reduce, shared  # noqa: E402 - they take a Codegen
 
 # ops with their own emitter, each a function (codegen, op)
 RULES = {"for": Codegen.loop, "if": Codegen.branch, "store": memory.store, "load": memory.load,
-         "atomic": memory.atomic, "reduce": reduce.reduce_op, "dot": mma.dot, "alloc": lambda cg, op: None,
+         "atomic": memory.atomic, "reduce": reduce.reduce_op, "dot": mma.dot, "alloc": lambda cg, op: None, "slot": lambda cg, op: None,
          "local_store": shared.local_store, "local_load": shared.local_load, "async_copy": shared.async_copy,
          "async_commit": shared.async_commit, "async_wait": shared.async_wait,
          "barrier": lambda cg, op: cg.emit("__syncthreads();")}

@@ -25,16 +25,22 @@ def shared_offsets(reg: Layout, shared: Layout, start: tuple) -> tuple:
     return tuple(map(off, reg.lane)), tuple(map(off, reg.warp)), [off(reg.reg_flat(i)) ^ origin for i in range(reg.nregs)]
 
 
+def buffer_base(cg, buf: ir.Value) -> str:
+    """The byte offset of a buffer in shared memory: its alloc's, plus the slot's place in a ring."""
+    op = cg.defs[id(buf)]
+    if op.kind == "slot":
+        ring, index = op.args
+        return f"{buffer_base(cg, ring)} + {cg.scalar(index)} * {buf.type.numel * buf.type.dtype.elem.itemsize}"
+    return str(op.attrs["offset"])
+
+
 class Access:
     """Where each register of a block in register layout `reg` lives in the shared buffer `buf`."""
 
-    def __init__(self, cg, reg: Layout, buf: ir.Value, start: tuple, slot: ir.Value | None):
+    def __init__(self, cg, reg: Layout, buf: ir.Value, start: tuple):
         self.lane, self.warp, self.regs = shared_offsets(reg, buf.layout, start)
         self.item = buf.type.dtype.elem.itemsize
-        base = cg.defs[id(buf)].attrs["offset"]
-        if slot is not None:
-            base = f"{base} + {cg.scalar(slot)} * {buf.type.numel * self.item}"
-        self.base = base
+        self.base = buffer_base(cg, buf)
         thread_bits = 0
         for b in self.lane + self.warp:
             thread_bits |= b
@@ -67,8 +73,8 @@ class Access:
 
 
 def local_store(cg, op: ir.Op) -> None:
-    buf, val, slot = op.args
-    acc = Access(cg, val.layout, buf, (0,) * len(val.type.shape), slot)
+    buf, val = op.args
+    acc = Access(cg, val.layout, buf, (0,) * len(val.type.shape))
     t = cexpr.ctype(val.type.dtype)
     vals = cg.regs(val)
     g = acc.group()
@@ -83,9 +89,9 @@ def local_store(cg, op: ir.Op) -> None:
 
 
 def local_load(cg, op: ir.Op) -> None:
-    buf, slot = op.args
+    buf, = op.args
     res = op.result
-    acc = Access(cg, res.layout, buf, op.attrs["start"], slot)
+    acc = Access(cg, res.layout, buf, op.attrs["start"])
     name = cg.array(res)
     if acc.item == 2 and ldmatrix(cg, acc, name):
         return
@@ -148,9 +154,9 @@ def async_copy(cg, op: ir.Op) -> None:
     """cp.async of a pointer block into a buffer slot: one copy per group that is contiguous in both memories
     (16 bytes through L2 only, smaller ones through L1); masked-off groups are filled with zeros. A group
     the analysis cannot prove contiguous and aligned checks at run time and falls back to plain loads."""
-    buf, ptr, mask, slot = op.args
+    buf, ptr, mask = op.args
     lay = ptr.layout
-    acc = Access(cg, lay, buf, (0,) * len(ptr.type.shape), slot)
+    acc = Access(cg, lay, buf, (0,) * len(ptr.type.shape))
     t = cexpr.ctype(ptr.type.dtype.elem)
     ptrs = cg.regs(ptr)
     masks = cg.regs(mask) if mask is not None else None

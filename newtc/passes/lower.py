@@ -71,8 +71,8 @@ def lower_shared(k: ir.Kernel) -> ir.Kernel:
             if op.kind == "convert" and rename(op.args[0].layout, op.result.layout) is None:
                 src, res = op.args[0], op.result
                 a = alloc(src.type.shape, src.type.dtype, shared_layout(src.layout, src.type.dtype.itemsize), op.span)
-                out += [a, ir.Op("local_store", [a.result, src, None], [], {}, op.span)]
-                op = ir.Op("local_load", [a.result, None], [res], {"start": (0,) * len(res.type.shape)}, op.span)
+                out += [a, ir.Op("local_store", [a.result, src], [], {}, op.span)]
+                op = ir.Op("local_load", [a.result], [res], {"start": (0,) * len(res.type.shape)}, op.span)
             elif op.kind == "reduce" and reduce_scratch_bytes(op):
                 scratch(op, reduce_scratch_bytes(op), out)
             elif op.kind == "atomic" and not op.result.type.shape:

@@ -21,7 +21,7 @@ from ..types import Type, bool_, i32
 from .axisinfo import analyze_axes
 from .lower import alloc, uses
 
-PURE = ir.ELEMENTWISE | ir.VIEWS | {"arange", "const", "convert"}
+PURE = ir.ELEMENTWISE | ir.VIEWS | {"arange", "const", "convert", "slot"}
 
 
 def zero(v: ir.Value | None, defs: dict) -> bool:
@@ -88,7 +88,7 @@ class Pipeliner:
                     readers.setdefault(id(a), []).append(op)
         found = []
         for op in body.ops:
-            if op.kind != "local_store" or op.args[2] is not None:
+            if op.kind != "local_store":
                 continue
             buf, val = op.args[0], op.args[1]
             load = self.defs.get(id(val))
@@ -127,7 +127,9 @@ class Pipeliner:
                     both = ir.Value(ok.type, "", ptr.layout)
                     out.append(ir.Op("and", [self.clone(mask, iv, new_iv, memo, inside, out), ok], [both], {}, span))
                     ok = both
-                out.append(ir.Op("async_copy", [ring, ptr, ok, slot], [], {}, load.span))
+                view = ir.Value(ring.type.with_dtype(ir.Buffer(ring.type.dtype.elem)), "smem", ring.layout)
+                out.append(ir.Op("slot", [ring, slot], [view], {}, load.span))
+                out.append(ir.Op("async_copy", [view, ptr, ok], [], {}, load.span))
             out.append(ir.Op("async_commit", [], [], {}, span))
 
         # the rings, and the prologue: iterations 0 .. stages - 2
@@ -159,8 +161,10 @@ class Pipeliner:
         dead = set()
         for (store, load, reads), ring in zip(found, rings):
             dead |= {id(store), id(load), id(self.defs[id(store.args[0])])}
+            view = ir.Value(ring.type.with_dtype(ir.Buffer(ring.type.dtype.elem)), "smem", ring.layout)
+            head.append(ir.Op("slot", [ring, r_slot], [view], {}, span))
             for u in reads:
-                u.args = [ring, r_slot]
+                u.args = [view if a is store.args[0] else a for a in u.args]
         *rest, yield_op = [op for op in body.ops if id(op) not in dead]
         tail: list[ir.Op] = []
         nexts = []

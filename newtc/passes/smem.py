@@ -41,15 +41,16 @@ def plan_smem(k: ir.Kernel) -> ir.Kernel:
         k.smem_bytes = 0
         return k
     last = {id(a.result): pos[id(a)] for a in allocs}
-    alloc_of = {id(a.result): a for a in allocs}
+    defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
     for op in ir.walk(k.body):
         for v in op.args:
-            if v is not None and id(v) in last:
-                home = parent[id(alloc_of[id(v)])]
+            if v is not None and isinstance(v.type.dtype, ir.Buffer):
+                a = ir.root_buffer(v, defs)  # a slot's use is its ring's
+                home = parent[id(a)]
                 u = op
                 while parent[id(u)] is not home:  # a use inside a loop keeps the buffer for the whole loop
                     u = parent[id(u)]
-                last[id(v)] = max(last[id(v)], end[id(u)] - 1)
+                last[id(a.result)] = max(last[id(a.result)], end[id(u)] - 1)
     allocs.sort(key=lambda a: pos[id(a)])
     spans = []
     for i, a in enumerate(allocs):
@@ -88,9 +89,9 @@ def _effects(op: ir.Op) -> list:
 
 
 def _access(kind: str, buf: ir.Value, defs: dict) -> tuple:
-    op = defs[id(buf)]
+    op = ir.root_buffer(buf, defs)  # a slot counts as its whole ring
     lo = op.attrs["offset"]
-    return lo, lo + ir.buffer_bytes(buf), kind == "w", id(buf) if op.attrs.get("ring") else None
+    return lo, lo + ir.buffer_bytes(op.result), kind == "w", id(op) if op.attrs.get("ring") else None
 
 
 def _conflict(a: tuple, b: tuple) -> bool:
@@ -100,7 +101,7 @@ def _conflict(a: tuple, b: tuple) -> bool:
 
 
 def insert_barriers(k: ir.Kernel) -> ir.Kernel:
-    defs = {id(op.result): op for op in ir.walk(k.body) if op.kind == "alloc"}
+    defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
 
     def region(r: ir.Region, pending: frozenset, insert: bool) -> frozenset:
         out = []
