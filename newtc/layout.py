@@ -162,6 +162,15 @@ def pure(layout: Layout, mask: int) -> bool:
     return all(b & mask in (0, b) for b in layout.reg + layout.lane + layout.warp)
 
 
+def contiguous_dim(layout: Layout) -> int:
+    """The dim along which a thread's first registers are consecutive (its vector direction)."""
+    first = next((b for b in layout.reg if b), 0)
+    for d, (s, w) in enumerate(dim_bits(layout.shape)):
+        if w and first >> s & ((1 << w) - 1) and first & ~(((1 << w) - 1) << s) == 0:
+            return d
+    return len(layout.shape) - 1
+
+
 # ---- shared memory ------------------------------------------------------------------------------------
 def solve(bases, target: int) -> int | None:
     """The index x whose XOR of selected bases (xor_span(bases, x)) is target, or None if none is."""
@@ -287,3 +296,75 @@ def restrict(layout: Layout, shape: tuple) -> Layout:
         return to_flat(shape, c)
     reg = tuple(r for r in (sub(b, True) for b in layout.reg) if r is not None)
     return Layout(tuple(shape), reg, tuple(sub(b, False) for b in layout.lane), tuple(sub(b, False) for b in layout.warp))
+
+
+# ---- Hopper warpgroup MMA (wgmma) ---------------------------------------------------------------------
+def wgmma_warps(shape: tuple, num_warps: int) -> tuple[int, int] | None:
+    """Warpgroups along M and N for a wgmma accumulator: each owns 64-row blocks and at most 256 columns."""
+    m, n = shape
+    groups = num_warps // 4
+    if num_warps % 4 or m % 64:
+        return None
+    gm = min(groups, m // 64)
+    gn = groups // gm
+    return (gm, gn) if n % (8 * gn) == 0 and n // gn <= 256 else None
+
+
+def wgmma_acc(shape: tuple, warpgroups: tuple) -> Layout:
+    """The accumulator of wgmma.m64nNk16: within a warpgroup, warp w holds rows 16w..16w+15 of each 64-row
+    block in mma.m16n8's C fragment, repeated over the N / 8 column tiles; a warpgroup's further 64-row
+    blocks are registers; warpgroups split M, then N."""
+    rows, cols = _bits(shape, 0), _bits(shape, 1)
+    gm, gn = warpgroups
+    mw, nw = log2(shape[0] // gm), log2(shape[1] // gn)
+    reg = [cols[0], rows[3], *cols[3:nw], *rows[6:mw]]
+    lane = [cols[1], cols[2], rows[0], rows[1], rows[2]]
+    warp = [rows[4], rows[5], *rows[mw:], *cols[nw:]]
+    return Layout(tuple(shape), tuple(reg), tuple(lane), tuple(warp))
+
+
+def _swizzle(addr: int, mode_bytes: int) -> int:
+    """The tensor cores' swizzle of a shared-memory byte address: bits 4.. XOR-ed with bits 7.. (one bit per
+    doubling of the mode past 16 bytes)."""
+    bits = log2(mode_bytes) - 4
+    return addr ^ (((addr >> 7) & ((1 << bits) - 1)) << 4)
+
+
+def wgmma_descriptor(shared: Layout, itemsize: int, start: tuple, sub: tuple, kdim: int) -> tuple | None:
+    """How a wgmma operand sub-tile (shape `sub` at `start`, K along `kdim`) is described to the tensor cores:
+    (start byte, leading byte offset, stride byte offset, swizzle bytes, transposed), read off the layout
+    and checked element by element against the hardware's canonical form; None when no form matches.
+
+    K-major (K contiguous): rows of `mode` bytes, 8-row groups `SBO` apart. MN-major (M or N contiguous,
+    passed transposed): 8 rows of `mode` bytes per K group, K groups `SBO` apart, further `mode`-byte
+    column panels `LBO` apart. Addresses assume a buffer aligned to 1024 bytes (one swizzle atom)."""
+    inv = inverse(shared)
+
+    def byte(coord) -> int:
+        return itemsize * xor_span(inv, to_flat(shared.shape, coord))
+
+    def at(i: int, j: int) -> tuple:
+        c = list(start)
+        c[kdim] += j
+        c[1 - kdim] += i
+        return tuple(c)
+    origin = byte(start)
+    mn, kk = sub[1 - kdim], sub[kdim]
+    major_k = shared.offset[0] >> dim_bits(shared.shape)[kdim][0] == 1 and dim_bits(shared.shape)[kdim][1] > 0
+    for mode in (128, 64, 32):
+        width = mode // itemsize  # elements in one row of the swizzle atom
+        if major_k:
+            sbo = byte(at(8, 0)) - origin if mn > 8 else 0
+
+            def canon(i, j, sbo=sbo, width=width):
+                return ((i % 8) * width + j) * itemsize + (i // 8) * sbo
+            lbo = 16
+        else:
+            sbo = byte(at(0, 8)) - origin if kk > 8 else 0
+            lbo = byte(at(width, 0)) - origin if mn > width else 0
+
+            def canon(i, j, sbo=sbo, lbo=lbo, width=width):
+                return ((i % width) + (j % 8) * width) * itemsize + (i // width) * lbo + (j // 8) * sbo
+        if all(byte(at(i, j)) == _swizzle(origin + canon(i, j), mode) for i in range(mn) for j in range(kk)):
+            return origin, lbo, sbo, mode, not major_k
+    return None

@@ -277,7 +277,7 @@ class Codegen:
         symbol = f"nk_{k.name}"  # prefixed: a kernel named like a CUDA builtin (norm, exp) must not clash
         lines = [PRELUDE.strip(), "",
                  f'extern "C" __global__ void __launch_bounds__({threads}) {symbol}({", ".join(params)}) {{',
-                 "  extern __shared__ __align__(128) unsigned char nk_smem[];",
+                 "  extern __shared__ __align__(1024) unsigned char nk_smem[];  // swizzle atoms are 1024 bytes",
                  "  const int nk_tid = threadIdx.x, nk_lane = nk_tid & 31, nk_warp = nk_tid >> 5;",
                  *(["  const unsigned nk_sbase = (unsigned)__cvta_generic_to_shared(nk_smem);"] if k.smem_bytes else []),
                  *self.head, *self.out, "}", ""]
@@ -291,7 +291,8 @@ RULES = {"for": Codegen.loop, "if": Codegen.branch, "store": memory.store, "load
          "atomic": memory.atomic, "reduce": reduce.reduce_op, "dot": mma.dot, "alloc": lambda cg, op: None, "slot": lambda cg, op: None,
          "local_store": shared.local_store, "local_load": shared.local_load, "async_copy": shared.async_copy,
          "async_commit": shared.async_commit, "async_wait": shared.async_wait,
-         "barrier": lambda cg, op: cg.emit("__syncthreads();")}
+         "barrier": lambda cg, op: cg.emit("__syncthreads();"),
+         "fence_async": lambda cg, op: cg.emit('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");')}
 
 GENERATED = re.compile(r"(nk_\w*|L\d+|\w+_\d+|__\w*|threadIdx|blockIdx|blockDim|gridDim|warpSize)")
 

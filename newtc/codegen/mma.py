@@ -7,8 +7,9 @@ register holds which (row, k) of A, (k, col) of B and (row, col) of the accumula
 from __future__ import annotations
 
 from .. import ir
-from ..layout import Layout, to_coord
+from ..layout import Layout, inverse, to_coord, to_flat, wgmma_descriptor, xor_span
 from . import cexpr
+from .shared import buffer_base
 
 
 def by_coord(layout: Layout, regs: list[str]) -> dict:
@@ -16,7 +17,7 @@ def by_coord(layout: Layout, regs: list[str]) -> dict:
 
 
 def dot(cg, op: ir.Op) -> None:
-    (mma if "mma" in op.attrs else fma)(cg, op)
+    (wgmma if "wgmma" in op.attrs else mma if "mma" in op.attrs else fma)(cg, op)
 
 
 def fma(cg, op: ir.Op) -> None:
@@ -80,3 +81,45 @@ def mma(cg, op: ir.Op) -> None:
             args = ", ".join([*(f'"r"({x})' for x in ra), *(f'"r"({x})' for x in rb), *(f'"{c}"({x})' for x in src)])
             cg.emit(f'asm("mma.sync.aligned.m16n8k{ksize}.row.col.{op.attrs["types"]} {{{ops}}}, {{{ins}}}, {{{bs}}}, '
                     f'{{{cs}}};" : {binds} : {args});')
+
+
+def wgmma(cg, op: ir.Op) -> None:
+    """Hopper: each warpgroup issues one wgmma.m64nNk16 per 64-row block and K step, both operands read by the
+    tensor cores from their swizzled shared tiles through matrix descriptors, then waits for them. A warpgroup's
+    tiles start where its warp bits put it: a per-thread byte offset XOR-ed into each descriptor's address."""
+    a, b, acc = op.args
+    res = op.result
+    gm, gn = op.attrs["wgmma"]
+    (m, k), n = a.type.shape, b.type.shape[1]
+    mw, nw = m // gm, n // gn
+    item = a.type.dtype.elem.itemsize
+    name = cg.array(res)
+    cg.emit_all([f"{name}[{i}] = {c};" for i, c in enumerate(cg.regs(acc))])
+    out = by_coord(res.layout, [f"{name}[{i}]" for i in range(res.layout.nregs)])
+    origins = [to_coord(res.layout.shape, w) for w in res.layout.warp[2:]]  # the warpgroup bits' (row, col)
+
+    def group_offset(buf: ir.Value, coords) -> str:
+        inv = inverse(buf.layout)
+        offs = tuple(item * xor_span(inv, to_flat(buf.layout.shape, c)) for c in coords)
+        return cg.thread_var((0,) * 5, (0, 0) + offs, f"warpgroup offsets in {buf.layout.short()}")
+    wa = group_offset(a, [(r, 0) for r, _ in origins])
+    wb = group_offset(b, [(0, c) for _, c in origins])
+    ba, bb = buffer_base(cg, a), buffer_base(cg, b)
+    ops = ", ".join(f"%{i}" for i in range(nw // 2))
+    cg.emit_all([f'asm volatile("" : "+f"({r}) :: "memory");' for r in out.values()], per_line=4)
+    cg.emit('asm volatile("wgmma.fence.sync.aligned;" ::: "memory");')
+    for blk in range(mw // 64):
+        regs = [out[(64 * blk + 8 * (q // 2 % 2), 8 * (q // 4) + q % 2)] for q in range(nw // 2)]
+        binds = ", ".join(f'"+f"({r})' for r in regs)
+        for s in range(k // 16):
+            da = wgmma_descriptor(a.layout, item, (64 * blk, 16 * s), (64, 16), 1)
+            db = wgmma_descriptor(b.layout, item, (16 * s, 0), (16, nw), 0)
+            descs = [f"nk_desc(nk_sbase + {base} + ({wg} ^ {d[0]}), {d[1]}, {d[2]}, {d[3]})"
+                     for base, wg, d in ((ba, wa, da), (bb, wb, db))]
+            cg.emit(f'asm volatile("wgmma.mma_async.sync.aligned.m64n{nw}k16.{op.attrs["types"]} {{{ops}}}, '
+                    f'%{nw // 2}, %{nw // 2 + 1}, 1, 1, 1, {int(da[4])}, {int(db[4])};" : {binds} : '
+                    f'"l"({descs[0]}), "l"({descs[1]}));')
+    cg.emit('asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");')
+    cg.emit('asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");')
+    # the tensor cores write the accumulators behind the compiler's back: no read may move above the wait
+    cg.emit_all([f'asm volatile("" : "+f"({r}) :: "memory");' for r in out.values()], per_line=4)

@@ -39,6 +39,12 @@ template <int B> __device__ __forceinline__ void nk_cp_async(unsigned dst, const
   if (B == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(pred ? 16 : 0));
   else asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" :: "r"(dst), "l"(src), "n"(B), "r"(pred ? B : 0));
 }
+// A wgmma matrix descriptor: start address, leading and stride byte offsets (16-byte units), swizzle mode.
+__device__ __forceinline__ unsigned long long nk_desc(unsigned addr, unsigned lbo, unsigned sbo, int swizzle_bytes) {
+  unsigned long long mode = swizzle_bytes == 128 ? 1 : swizzle_bytes == 64 ? 2 : swizzle_bytes == 32 ? 3 : 0;
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16)
+       | ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32) | (mode << 62);
+}
 // Floating-point atomic max/min by compare-and-swap on the bits.
 template <class T, class B> __device__ __forceinline__ T nk_atomic_minmax(T* p, T v, bool is_max) {
   B* a = (B*)p; B old = *a, assumed;

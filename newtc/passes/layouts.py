@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from .. import ir
 from ..ir import facts
-from ..layout import (Layout, blocked, log2, mma_acc, mma_operand, mma_warps, remap, slice_layout)
+from ..layout import (Layout, blocked, contiguous_dim, log2, mma_acc, mma_operand, mma_warps, remap, slice_layout,
+                      swizzled, wgmma_acc, wgmma_descriptor, wgmma_warps)
 from ..types import bf16, f16, f32, i8, i32, u8
 
 FREE = {"splat", "arange", "broadcast", "expand_dims", "trans"}  # reshape and elementwise: free if their operands are
@@ -68,6 +69,24 @@ def mma_shape(op: ir.Op, arch: str) -> tuple | None:
     kwidth = MMA[key][0]
     (m, k), n = a.type.shape, b.type.shape[1]
     return MMA[key] if m >= 16 and n >= 8 and k >= 8 * kwidth else None
+
+
+def wgmma_layouts(op: ir.Op, spec, a_inner: int, b_inner: int) -> tuple | None:
+    """On sm_90a, f16/bf16 dots whose tiles fit the warpgroup MMA: both operands in swizzled shared tiles
+    (stored along the way they were loaded), the accumulator in registers; None where wgmma cannot run it
+    (then mma.sync does)."""
+    a, b, acc = op.args
+    (m, k), n = a.type.shape, b.type.shape[1]
+    dt = a.type.dtype
+    warps = wgmma_warps((m, n), spec.num_warps)
+    if (spec.arch != "sm_90a" or dt not in (f16, bf16) or b.type.dtype != dt or acc.type.dtype != f32 or k % 16
+            or warps is None or (warps[1] > 1 and (n // warps[1]) % 64) or (m * k * 2) % 1024 or (k * n * 2) % 1024):
+        return None
+    sa, sb = swizzled((m, k), (a_inner, 1 - a_inner), 2), swizzled((k, n), (b_inner, 1 - b_inner), 2)
+    if wgmma_descriptor(sa, 2, (0, 0), (64, 16), 1) is None or \
+            wgmma_descriptor(sb, 2, (0, 0), (16, n // warps[1]), 0) is None:
+        return None
+    return sa, sb, wgmma_acc((m, n), warps), warps
 
 
 def fma_acc(shape: tuple, num_warps: int, vec: int) -> Layout:
@@ -181,7 +200,12 @@ class Plan:
         (m, _), n = op.args[0].type.shape, op.args[1].type.shape[1]
         mma = mma_shape(op, self.k.spec.arch)
         nw = self.k.spec.num_warps
-        if mma is not None:
+        inner = [contiguous_dim(self.of(x)) for x in op.args[:2]]
+        wg = wgmma_layouts(op, self.k.spec, *inner) if mma is not None else None
+        if wg is not None:
+            a, b, acc, warps = wg
+            op.attrs.update(wgmma=warps, types=MMA[(op.args[0].type.dtype, f32)][1].rsplit(".", 1)[0])
+        elif mma is not None:
             kwidth, types = mma
             warps = mma_warps(m, n, nw)
             a = mma_operand(0, op.args[0].type.shape, warps, nw, kwidth)
@@ -253,7 +277,11 @@ class Materialize:
         for scope in reversed(self.scopes):
             if key in scope:
                 return scope[key]
-        if not self.plan.free(v):
+        if lay.shared:  # stored to shared memory from the registers it is computed in
+            src = self.get(v, self.plan.of(v), out, span)
+            res = ir.Value(v.type, v.name, lay)
+            out.append(ir.Op("convert", [src], [res], {}, span))
+        elif not self.plan.free(v):
             if v.layout == lay:
                 return v
             res = ir.Value(v.type, v.name, lay)

@@ -10,7 +10,7 @@ passes.smem then places every buffer and puts the barriers where they are needed
 from __future__ import annotations
 
 from .. import ir
-from ..layout import Layout, axis_mask, dim_bits, rename, row_major, swizzled
+from ..layout import Layout, axis_mask, contiguous_dim, rename, row_major, swizzled
 from ..types import Type, u8
 
 
@@ -22,15 +22,6 @@ def uses(k: ir.Kernel) -> dict:
             if a is not None:
                 out.setdefault(id(a), []).append(op)
     return out
-
-
-def contiguous_dim(layout: Layout) -> int:
-    """The dim along which a thread's first registers are consecutive (its vector direction)."""
-    first = next((b for b in layout.reg if b), 0)
-    for d, (s, w) in enumerate(dim_bits(layout.shape)):
-        if w and first >> s & ((1 << w) - 1) and first & ~(((1 << w) - 1) << s) == 0:
-            return d
-    return len(layout.shape) - 1
 
 
 def alloc(shape: tuple, elem, layout: Layout | None, span, slots: int = 1) -> ir.Op:
@@ -63,11 +54,19 @@ def reduce_scratch_bytes(op: ir.Op) -> int:
 
 
 def lower_shared(k: ir.Kernel) -> ir.Kernel:
+    subst: dict = {}  # a conversion into shared memory -> the buffer it became
     def region(r: ir.Region) -> None:
         out: list[ir.Op] = []
         for op in r.ops:
+            op.args = [subst.get(id(a), a) if a is not None else None for a in op.args]
             for sub in op.regions:
                 region(sub)
+            if op.kind == "convert" and op.result.layout.shared:  # the tensor cores read the buffer itself
+                src = op.args[0]
+                a = alloc(src.type.shape, src.type.dtype, op.result.layout, op.span)
+                out += [a, ir.Op("local_store", [a.result, src], [], {}, op.span)]
+                subst[id(op.result)] = a.result
+                continue
             if op.kind == "convert" and rename(op.args[0].layout, op.result.layout) is None:
                 src, res = op.args[0], op.result
                 a = alloc(src.type.shape, src.type.dtype, shared_layout(src.layout, src.type.dtype.itemsize), op.span)

@@ -96,7 +96,7 @@ class Pipeliner:
                     or not zero(load.args[2], self.defs) or id(buf) not in inside):
                 continue
             reads = [u for u in readers[id(buf)] if u is not op]
-            if not all(u.kind == "local_load" for u in reads):
+            if not all(u.kind == "local_load" or "wgmma" in u.attrs for u in reads):
                 continue
             if all(self.depends_only_on(a, iv, inside) for a in load.args[:2]):
                 found.append((op, load, reads))
@@ -152,7 +152,10 @@ class Pipeliner:
         body.params += [r_slot, w_slot]
         loop.args += [self.const(before, 0, i32, span), self.const(before, s_count - 1, i32, span)]
         loop.results += [ir.Value(Type((), i32)), ir.Value(Type((), i32))]
-        head: list[ir.Op] = [ir.Op("async_wait", [], [], {"pending": s_count - 2}, span), ir.Op("barrier", [], [], {}, span)]
+        head: list[ir.Op] = [ir.Op("async_wait", [], [], {"pending": s_count - 2}, span)]
+        if any(u.kind == "dot" for *_, reads in found for u in reads):  # the tensor cores read through the async proxy
+            head.append(ir.Op("fence_async", [], [], {}, span))
+        head.append(ir.Op("barrier", [], [], {}, span))
         ahead = self.scalar(head, "add", [iv, self.scalar(head, "mul", [self.const(head, s_count - 1, iv.type.dtype, span),
                                                                           step], iv.type.dtype, span)],
                             iv.type.dtype, span)

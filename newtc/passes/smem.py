@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .. import ir
 
-ALIGN = 128  # a swizzled tile's phases repeat every 128 bytes: every buffer starts on that boundary
+ALIGN = 1024  # a swizzle atom (8 rows of 128 bytes): 2-D tiles start on that boundary, other buffers on 128 bytes
 
 
 def _positions(k: ir.Kernel):
@@ -60,13 +60,14 @@ def plan_smem(k: ir.Kernel) -> ir.Kernel:
         spans.append((pos[id(a)], stop))
     placed: list[tuple[int, int, int, int]] = []  # (lo, hi, start, stop)
     for a, (start, stop) in zip(allocs, spans):
-        size = -(-ir.buffer_bytes(a.result) // ALIGN) * ALIGN
+        align = ALIGN if a.result.layout is not None and len(a.result.type.shape) == 2 else 128
+        size = -(-ir.buffer_bytes(a.result) // align) * align
         busy = sorted((lo, hi) for lo, hi, s, e in placed if s <= stop and start <= e)
         offset = 0
         for lo, hi in busy:
             if offset + size <= lo:
                 break
-            offset = max(offset, hi)
+            offset = -(-max(offset, hi) // align) * align
         a.attrs["offset"] = offset
         placed.append((offset, offset + size, start, stop))
     k.smem_bytes = max(hi for _, hi, _, _ in placed)
@@ -82,6 +83,8 @@ def _effects(op: ir.Op) -> list:
         return [("r", op.args[0])]
     if kind == "barrier":
         return [("sync",)]
+    if kind == "dot" and "wgmma" in op.attrs:  # the tensor cores read both tiles from shared memory
+        return [("ra", op.args[0]), ("ra", op.args[1])]
     if kind in ("reduce", "atomic") and op.args and op.args[-1] is not None and isinstance(op.args[-1].type.dtype, ir.Buffer):
         s = op.args[-1]  # written, then a barrier inside the op, then read back
         return [("w", s), ("sync",), ("r", s)]
@@ -123,6 +126,8 @@ def insert_barriers(k: ir.Kernel) -> ir.Kernel:
                         continue
                     acc = _access(eff[0], eff[1], defs)
                     if any(_conflict(acc, p) for p in pending):
+                        if eff[0] == "ra":  # writes through the generic proxy, made visible to the async one
+                            out.append(ir.Op("fence_async", [], [], {}, op.span))
                         out.append(ir.Op("barrier", [], [], {}, op.span))
                         pending = frozenset()
                     pending = pending | {acc}
