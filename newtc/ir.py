@@ -38,6 +38,7 @@ Made by the passes (the checker never emits them; the interpreter runs the IR be
   local_load  (buf)              attrs start (coordinate of the sub-tile read)
   async_copy  (buf, ptr, mask|None)                        cp.async of a pointer block into a buffer
   async_commit, async_wait       attrs pending              cp.async groups
+  dot_wait    (acc)              attrs pending              the accumulator of asynchronous wgmma, once landed
   barrier, fence_async                                     __syncthreads; order shared-memory writes before the
                                                            tensor cores' (async proxy) reads
 reduce takes a scratch buffer as a second operand when warps meet along the axis; a scalar atomic

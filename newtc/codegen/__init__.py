@@ -59,6 +59,8 @@ class Codegen:
         self.names: dict[int, str] = {}  # scalars and register arrays
         self.vals: dict[int, list[str]] = {}  # id(block value) -> one C expression per register
         self.defs: dict[int, ir.Op] = {id(r): op for op in ir.walk(k.body) for r in op.results}
+        # ptxas serializes asynchronous wgmma if accumulators are read behind branches: stores then use predicates
+        self.predicated = any(op.kind == "dot" and op.attrs.get("pending") for op in ir.walk(k.body))
         self.line_no = None
         self.depth = 1
         self.span = None
@@ -288,7 +290,7 @@ from . import memory, mma, reduce, shared  # noqa: E402 - they take a Codegen
 
 # ops with their own emitter, each a function (codegen, op)
 RULES = {"for": Codegen.loop, "if": Codegen.branch, "store": memory.store, "load": memory.load,
-         "atomic": memory.atomic, "reduce": reduce.reduce_op, "dot": mma.dot, "alloc": lambda cg, op: None, "slot": lambda cg, op: None,
+         "atomic": memory.atomic, "reduce": reduce.reduce_op, "dot": mma.dot, "dot_wait": mma.dot_wait, "alloc": lambda cg, op: None, "slot": lambda cg, op: None,
          "local_store": shared.local_store, "local_load": shared.local_load, "async_copy": shared.async_copy,
          "async_commit": shared.async_commit, "async_wait": shared.async_wait,
          "barrier": lambda cg, op: cg.emit("__syncthreads();"),

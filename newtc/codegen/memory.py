@@ -99,6 +99,8 @@ def store(cg, op: ir.Op) -> None:
     dim, g = vector(layout, val.type.dtype.itemsize)
     static = proven(ptr, mask, layout, dim, g, g * val.type.dtype.itemsize)
     owner = cg.owner(layout)
+    if cg.predicated:
+        return predicated_store(cg, ptrs, vals, masks, t, g, static, owner, g * val.type.dtype.itemsize)
     if owner:
         cg.emit(f"if ({owner}) {{")
     for base in range(0, layout.nregs, g):
@@ -115,6 +117,27 @@ def store(cg, op: ir.Op) -> None:
             cg.emit(branch(vector_condition(p, m, g * val.type.dtype.itemsize), wide, scalar))
     if owner:
         cg.emit("}")
+
+
+def predicated_store(cg, ptrs, vals, masks, t, g, static, owner, nbytes) -> None:
+    """The stores of a kernel whose wgmma accumulators are read after an asynchronous pipeline: every condition
+    (mask, owner, the run-time vector check) a predicate on the store itself, no branch around it."""
+    def cond(*parts) -> str:
+        return " && ".join(f"({c})" for c in parts if c) or "true"
+    stmts = []
+    for base in range(0, len(vals), g):
+        p, m = ptrs[base:base + g], masks[base:base + g] if masks else [""] * g
+        if g == 1:
+            stmts.append(f"nk_store_if({p[0]}, {vals[base]}, {cond(m[0], owner)});")
+            continue
+        check = "" if static else vector_condition(p, None, nbytes)
+        fill = " ".join(f"u.e[{j}] = {vals[base + j]};" for j in range(g))
+        line = f"{{ nk_pack<{t}, {g}> u; {fill} nk_store_if((decltype(u.w)*)({p[0]}), u.w, {cond(m[0], owner, check)});"
+        if not static:  # a group that is not contiguous and aligned after all: element by element
+            line += " " + " ".join(f"nk_store_if({p[j]}, {vals[base + j]}, {cond(m[j], owner, f'!({check})')});"
+                                   for j in range(g))
+        stmts.append(line + " }")
+    cg.emit_all(stmts, per_line=2)
 
 
 NATIVE = {"add": {"i32", "u32", "u64", "f32", "f64", "i64"}, "max": {"i32", "u32", "i64", "u64"},

@@ -106,7 +106,6 @@ def wgmma(cg, op: ir.Op) -> None:
     wb = group_offset(b, [(0, c) for _, c in origins])
     ba, bb = buffer_base(cg, a), buffer_base(cg, b)
     ops = ", ".join(f"%{i}" for i in range(nw // 2))
-    cg.emit_all([f'asm volatile("" : "+f"({r}) :: "memory");' for r in out.values()], per_line=4)
     cg.emit('asm volatile("wgmma.fence.sync.aligned;" ::: "memory");')
     for blk in range(mw // 64):
         regs = [out[(64 * blk + 8 * (q // 2 % 2), 8 * (q // 4) + q % 2)] for q in range(nw // 2)]
@@ -120,6 +119,18 @@ def wgmma(cg, op: ir.Op) -> None:
                     f'%{nw // 2}, %{nw // 2 + 1}, 1, 1, 1, {int(da[4])}, {int(db[4])};" : {binds} : '
                     f'"l"({descs[0]}), "l"({descs[1]}));')
     cg.emit('asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");')
-    cg.emit('asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");')
-    # the tensor cores write the accumulators behind the compiler's back: no read may move above the wait
-    cg.emit_all([f'asm volatile("" : "+f"({r}) :: "memory");' for r in out.values()], per_line=4)
+    wait(cg, op.attrs.get("pending", 0), list(out.values()))
+
+
+def wait(cg, pending: int, regs: list[str]) -> None:
+    """wgmma.wait_group: with nothing left pending, the accumulators are final; the tensor cores write them behind
+    the compiler's back, so an empty asm that 'changes' each pins every read after the wait."""
+    cg.emit(f'asm volatile("wgmma.wait_group.sync.aligned {pending};" ::: "memory");')
+    if not pending:
+        cg.emit_all([f'asm volatile("" : "+f"({r}) :: "memory");' for r in regs], per_line=4)
+
+
+def dot_wait(cg, op: ir.Op) -> None:
+    regs = cg.regs(op.args[0])
+    wait(cg, op.attrs["pending"], regs)
+    cg.vals[id(op.result)] = regs

@@ -45,6 +45,22 @@ __device__ __forceinline__ unsigned long long nk_desc(unsigned addr, unsigned lb
   return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16)
        | ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32) | (mode << 62);
 }
+// A store under a predicate, with no branch (used where branches would make ptxas serialize wgmma pipelines).
+template <class W> __device__ __forceinline__ void nk_store_if(W* p, W v, bool m) {
+  union { W w; unsigned u[(sizeof(W) + 3) / 4]; unsigned short h; } b; b.w = v;
+  if constexpr (sizeof(W) == 16)
+    asm volatile("{ .reg .pred q; setp.ne.b32 q, %5, 0; @q st.global.v4.b32 [%0], {%1, %2, %3, %4}; }"
+                 :: "l"(p), "r"(b.u[0]), "r"(b.u[1]), "r"(b.u[2]), "r"(b.u[3]), "r"((unsigned)m) : "memory");
+  else if constexpr (sizeof(W) == 8)
+    asm volatile("{ .reg .pred q; setp.ne.b32 q, %3, 0; @q st.global.v2.b32 [%0], {%1, %2}; }"
+                 :: "l"(p), "r"(b.u[0]), "r"(b.u[1]), "r"((unsigned)m) : "memory");
+  else if constexpr (sizeof(W) == 4)
+    asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0; @q st.global.b32 [%0], %1; }" :: "l"(p), "r"(b.u[0]), "r"((unsigned)m) : "memory");
+  else if constexpr (sizeof(W) == 2)
+    asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0; @q st.global.b16 [%0], %1; }" :: "l"(p), "h"(b.h), "r"((unsigned)m) : "memory");
+  else
+    asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0; @q st.global.b8 [%0], %1; }" :: "l"(p), "h"((unsigned short)(b.u[0] & 255)), "r"((unsigned)m) : "memory");
+}
 // Floating-point atomic max/min by compare-and-swap on the bits.
 template <class T, class B> __device__ __forceinline__ T nk_atomic_minmax(T* p, T v, bool is_max) {
   B* a = (B*)p; B old = *a, assumed;

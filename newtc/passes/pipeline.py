@@ -114,6 +114,13 @@ class Pipeliner:
         down = step_op is not None and step_op.kind == "const" and step_op.attrs["value"] < 0
         inside = self.inside(body)
         s_count = self.stages
+        *_, yield_op = body.ops
+        # a wgmma that only accumulates into a carried value may run on while the next iteration starts (one group
+        # in flight): the slot it reads is then overwritten two iterations later, so copies run stages - 2 ahead
+        lagging = [u for *_, reads in found for u in reads if u.kind == "dot" and u.args[2] in body.params
+                   and len(readers_of(body, u.result)) == 1 and yield_op.args.index(u.result) + 1
+                   == body.params.index(u.args[2])] if s_count >= 3 else []
+        ahead_by = s_count - 1 - (1 if lagging else 0)
 
         def copies(out: list, new_iv: ir.Value, slot: ir.Value, rings: list) -> None:
             valid = self.scalar(out, "gt" if down else "lt", [new_iv, hi], bool_, span)
@@ -140,7 +147,7 @@ class Pipeliner:
             a.attrs["ring"] = True
             before.append(a)
             rings.append(a.result)
-        for s in range(s_count - 1):
+        for s in range(ahead_by):
             it = self.scalar(before, "add", [lo, self.scalar(before, "mul", [self.const(before, s, iv.type.dtype, span),
                                                                                step], iv.type.dtype, span)],
                              iv.type.dtype, span)
@@ -150,13 +157,13 @@ class Pipeliner:
         # the loop: read slot r, write slot w, both carried
         r_slot, w_slot = ir.Value(Type((), i32), "slot_r"), ir.Value(Type((), i32), "slot_w")
         body.params += [r_slot, w_slot]
-        loop.args += [self.const(before, 0, i32, span), self.const(before, s_count - 1, i32, span)]
+        loop.args += [self.const(before, 0, i32, span), self.const(before, ahead_by, i32, span)]
         loop.results += [ir.Value(Type((), i32)), ir.Value(Type((), i32))]
-        head: list[ir.Op] = [ir.Op("async_wait", [], [], {"pending": s_count - 2}, span)]
+        head: list[ir.Op] = [ir.Op("async_wait", [], [], {"pending": ahead_by - 1}, span)]
         if any(u.kind == "dot" for *_, reads in found for u in reads):  # the tensor cores read through the async proxy
             head.append(ir.Op("fence_async", [], [], {}, span))
         head.append(ir.Op("barrier", [], [], {}, span))
-        ahead = self.scalar(head, "add", [iv, self.scalar(head, "mul", [self.const(head, s_count - 1, iv.type.dtype, span),
+        ahead = self.scalar(head, "add", [iv, self.scalar(head, "mul", [self.const(head, ahead_by, iv.type.dtype, span),
                                                                           step], iv.type.dtype, span)],
                             iv.type.dtype, span)
         ahead.facts = iv.facts
@@ -168,7 +175,7 @@ class Pipeliner:
             head.append(ir.Op("slot", [ring, r_slot], [view], {}, span))
             for u in reads:
                 u.args = [view if a is store.args[0] else a for a in u.args]
-        *rest, yield_op = [op for op in body.ops if id(op) not in dead]
+        *rest, _ = [op for op in body.ops if id(op) not in dead]
         tail: list[ir.Op] = []
         nexts = []
         for slot in (r_slot, w_slot):
@@ -177,8 +184,28 @@ class Pipeliner:
             nexts.append(self.scalar(tail, "where", [wrap, one, self.const(tail, 0, i32, span)], i32, span))
         yield_op.args = list(yield_op.args) + nexts
         body.ops = head + rest + tail + [yield_op]
+        after = [ir.Op("async_wait", [], [], {"pending": 0}, span)]
+        for dot in lagging:  # the accumulator is read after the loop once its last group has landed
+            dot.attrs["pending"] = 1
+            result = loop.results[body.params.index(dot.args[2]) - 1]
+            landed = ir.Value(result.type, result.name, result.layout)
+            after.append(ir.Op("dot_wait", [result], [landed], {"pending": 0}, span))
+            at = parent.ops.index(loop)
+            for op in parent.ops[at + 1:]:
+                replace_uses(op, result, landed)
         at = parent.ops.index(loop)
-        parent.ops[at:at + 1] = before + [loop, ir.Op("async_wait", [], [], {"pending": 0}, span)]
+        parent.ops[at:at + 1] = before + [loop] + after
+
+
+def readers_of(r: ir.Region, v: ir.Value) -> list:
+    return [op for op in ir.walk(r) if any(a is v for a in op.args)]
+
+
+def replace_uses(op: ir.Op, old: ir.Value, new: ir.Value) -> None:
+    op.args = [new if a is old else a for a in op.args]
+    for r in op.regions:
+        for inner in r.ops:
+            replace_uses(inner, old, new)
 
 
 def remove_dead(r: ir.Region, readers: dict) -> bool:
