@@ -130,9 +130,10 @@ def predicated_store(cg, ptrs, vals, masks, t, g, static, owner, nbytes) -> None
         if g == 1:
             stmts.append(f"nk_store_if({p[0]}, {vals[base]}, {cond(m[0], owner)});")
             continue
-        check = "" if static else vector_condition(p, None, nbytes)
+        check = "" if static else vector_condition(p, [x for x in m if x] or None, nbytes)  # the whole group, or none
         fill = " ".join(f"u.e[{j}] = {vals[base + j]};" for j in range(g))
-        line = f"{{ nk_pack<{t}, {g}> u; {fill} nk_store_if((decltype(u.w)*)({p[0]}), u.w, {cond(m[0], owner, check)});"
+        line = f"{{ nk_pack<{t}, {g}> u; {fill} nk_store_if((decltype(u.w)*)({p[0]}), u.w, " \
+               f"{cond(m[0] if static else '', owner, check)});"
         if not static:  # a group that is not contiguous and aligned after all: element by element
             line += " " + " ".join(f"nk_store_if({p[j]}, {vals[base + j]}, {cond(m[j], owner, f'!({check})')});"
                                    for j in range(g))
