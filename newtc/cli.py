@@ -133,18 +133,22 @@ def emit(args, module: A.Module, filename: str):
         raise NkError(f"missing constexpr '{p.name}' for kernel '{d.name}'", p.span, f"pass -D {p.name}=VALUE")
     aligned = frozenset(sig) if args.aligned == "all" else frozenset(filter(None, args.aligned.split(",")))
     spec = Spec.of(sig, consts, num_warps=args.num_warps, num_stages=args.num_stages, aligned=aligned, arch=args.arch)
-    stage = {"ir": "ir", "cuda": "cuda"}.get(args.emit, "cubin")
-    result = compiler.compile(module, d.name, spec, until=stage)
-    if args.emit == "ir":
+    return stage_text(module, d.name, spec, args.emit)
+
+
+def stage_text(module: A.Module, name: str, spec: Spec, emit: str):
+    """What --emit ir|cuda|ptx|cubin|sass gives for one specialization (bytes for a cubin); also `newtc lsp`'s."""
+    result = compiler.compile(module, name, spec, until={"ir": "ir", "cuda": "cuda"}.get(emit, "cubin"))
+    if emit == "ir":
         return ir.print_kernel(result.kernel)
-    if args.emit == "cuda":
+    if emit == "cuda":
         return result.cuda.source
     out = result.binary
-    if args.emit == "ptx":
+    if emit == "ptx":
         if out.ptx is None:
             raise NkError("this NVRTC kept no PTX for the program", None, "try --arch compute_90a")
         return out.ptx
-    return out.cubin if args.emit == "cubin" else nvrtc.disassemble(out.cubin)
+    return out.cubin if emit == "cubin" else nvrtc.disassemble(out.cubin)
 
 
 def check_all(args, module: A.Module) -> list[NkError]:
@@ -165,6 +169,10 @@ def check_all(args, module: A.Module) -> list[NkError]:
 
 def main(argv=None) -> int:
     """Run the command; returns the exit status (argparse's usage errors and --help included)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lsp"]:  # `newtc lsp`: the language server (optional dependencies, imported on demand)
+        from . import lsp
+        return lsp.main(argv[1:])
     try:
         return run(argv)
     except SystemExit as e:  # argparse: 2 for bad usage, 0 for --help

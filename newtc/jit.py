@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from . import ast as A
-from . import cache, check, compiler, driver, interpret, ir, nvrtc, syntax
+from . import cache, check, compiler, driver, interpret, ir, launches, nvrtc, syntax
 from .compiler import Spec
 from .errors import SOURCES, NkError, flag
 from .types import DTYPES, Ptr, bool_, f32, i32, i64, torch_dtype_name
@@ -277,8 +277,10 @@ class Kernel:
         meta, num_warps, num_stages = self.split_meta(args, meta)
         idx64 = needs_idx64(args)
         sig = {p.name: arg_type(a, idx64) for p, a in zip(self.runtime, args)}
-        return Spec.of(sig, meta, num_warps=num_warps, num_stages=num_stages, idx64=idx64,
+        spec = Spec.of(sig, meta, num_warps=num_warps, num_stages=num_stages, idx64=idx64,
                        aligned=aligned_params(self.runtime, args), arch=arch)
+        launches.record(self.module.filename, self.name, spec)  # what `newtc lsp` shows types for
+        return spec
 
     def output(self, args, meta, until: str, arch: str | None = None) -> compiler.Output:
         return compiler.compile(self.module.ast, self.name, self.specialize(args, meta, arch or default_arch()), until)
