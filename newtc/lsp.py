@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import inspect
 import re
 import sys
@@ -613,24 +614,24 @@ def server():
         ls.text_document_publish_diagnostics(T.PublishDiagnosticsParams(uri, out, version=td.version))
 
     @ls.feature(T.TEXT_DOCUMENT_DID_OPEN)
-    def did_open(ls_, params: T.DidOpenTextDocumentParams):
+    def did_open(params: T.DidOpenTextDocumentParams):
         publish(params.text_document.uri)
 
     @ls.feature(T.TEXT_DOCUMENT_DID_CHANGE)
-    def did_change(ls_, params: T.DidChangeTextDocumentParams):
+    def did_change(params: T.DidChangeTextDocumentParams):
         publish(params.text_document.uri)
 
     @ls.feature(T.TEXT_DOCUMENT_DID_SAVE)
-    def did_save(ls_, params: T.DidSaveTextDocumentParams):
+    def did_save(params: T.DidSaveTextDocumentParams):
         publish(params.text_document.uri, fresh=True)  # a launch since may have recorded a specialization
 
     @ls.feature(T.TEXT_DOCUMENT_DID_CLOSE)
-    def did_close(ls_, params: T.DidCloseTextDocumentParams):
+    def did_close(params: T.DidCloseTextDocumentParams):
         docs.pop(params.text_document.uri, None)
         ls.text_document_publish_diagnostics(T.PublishDiagnosticsParams(params.text_document.uri, []))
 
     @ls.feature(T.TEXT_DOCUMENT_HOVER)
-    def hover(ls_, params: T.HoverParams):
+    def hover(params: T.HoverParams):
         td, doc = document(params.text_document.uri)
         found = doc.hover(*position(td, params.position))
         if not found:
@@ -639,19 +640,19 @@ def server():
         return T.Hover(T.MarkupContent(T.MarkupKind.Markdown, text), to_range(td, span))
 
     @ls.feature(T.TEXT_DOCUMENT_DEFINITION)
-    def definition(ls_, params: T.DefinitionParams):
+    def definition(params: T.DefinitionParams):
         td, doc = document(params.text_document.uri)
         return [T.Location(td.uri, to_range(td, s)) for s in doc.definition(*position(td, params.position))] or None
 
     @ls.feature(T.TEXT_DOCUMENT_COMPLETION, T.CompletionOptions(trigger_characters=["."]))
-    def completion(ls_, params: T.CompletionParams):
+    def completion(params: T.CompletionParams):
         td, doc = document(params.text_document.uri)
         items = [T.CompletionItem(label, kind=kinds[kind], detail=detail or None, sort_text=f"{kind != 'variable'}{label}")
                  for label, kind, detail in doc.completions(*position(td, params.position))]
         return T.CompletionList(is_incomplete=False, items=items)
 
     @ls.feature(T.TEXT_DOCUMENT_DOCUMENT_SYMBOL)
-    def symbols(ls_, params: T.DocumentSymbolParams):
+    def symbols(params: T.DocumentSymbolParams):
         td, doc = document(params.text_document.uri)
         out = []
         for d, head, params_ in doc.symbols():
@@ -664,7 +665,7 @@ def server():
         return out
 
     @ls.command("newt.generated")
-    def generated(ls_, uri: str, line: int, character: int, what: str):
+    def generated(uri: str, line: int, character: int, what: str):
         """[uri, line, character, ir|cuda|ptx|sass] -> {kernel, what, text}; an error is a JSON-RPC error."""
         td, doc = document(uri)
         name, text = doc.generated(*position(td, T.Position(line, character)), what)
@@ -682,5 +683,6 @@ def main(argv=None) -> int:
     except ImportError as e:
         print(f"newtc lsp: {e.name} is missing; install the server with: pip install 'newt[lsp]'", file=sys.stderr)
         return 2
+    gc.freeze()  # the objects of the imports (torch's, with newtc) leave every collection: no 90 ms pause mid-hover
     ls.start_io()
     return 0
