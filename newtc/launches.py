@@ -12,29 +12,33 @@ import json
 import os
 import tempfile
 import time
-from pathlib import Path
 
 from . import cache
 from .types import DType
 
 
-def _path(filename: str, kernel: str) -> Path:
-    return cache.default_dir() / "launches" / f"{cache.key(os.path.realpath(filename), kernel)[:32]}.json"
+def _path(real: str, kernel: str) -> str:
+    return os.path.join(cache.default_dir(), "launches", f"{cache.key(real, kernel)[:32]}.json")
 
 
 def record(filename: str, kernel: str, spec) -> None:
     """Remember `spec` (a compiler.Spec) as the last launch of `kernel` in the file `filename`."""
-    if not os.path.isfile(filename):  # a kernel compiled from a string has no file to edit
+    real = os.path.realpath(filename)
+    if not os.path.isfile(real):  # a kernel compiled from a string has no file to edit
         return
-    data = {"file": os.path.realpath(filename), "kernel": kernel, "time": time.time(),
-            "sig": [f"{n}={t.name}" for n, t in spec.sig],
+    data = {"file": real, "kernel": kernel, "sig": [f"{n}={t.name}" for n, t in spec.sig],
             "defines": [f"{n}={v.name if isinstance(v, DType) else repr(v)}" for n, v in spec.constexprs],
             "num_warps": spec.num_warps, "num_stages": spec.num_stages, "idx64": spec.idx64,
             "aligned": list(spec.aligned), "arch": spec.arch}
-    path, tmp = _path(filename, kernel), None
+    path = _path(real, kernel)
+    old = _read(path, kernel)
+    if old is not None and {k: v for k, v in old.items() if k != "time"} == data:
+        return  # reading is cheap, a write costs milliseconds on some file systems: rewrite only a change
+    data["time"] = time.time()
+    tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump(data, f)
         os.replace(tmp, path)  # readers see the old record or the new one, never half of one
@@ -45,9 +49,14 @@ def record(filename: str, kernel: str, spec) -> None:
 
 
 def last(filename: str, kernel: str) -> dict | None:
-    """The record written by `record`, or None."""
+    """The record written by `record` (with "time", when this specialization was first recorded), or None."""
+    return _read(_path(os.path.realpath(filename), kernel), kernel)
+
+
+def _read(path: str, kernel: str) -> dict | None:
     try:
-        data = json.loads(_path(filename, kernel).read_text())
+        with open(path) as f:
+            data = json.load(f)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and data.get("kernel") == kernel else None

@@ -332,7 +332,7 @@ class Document:
         if {*sig, *defines} - {p.name for p in d.params}:
             raise NkError("stale record", span)
         options = {k: r[k] for k in ("num_warps", "num_stages", "idx64", "aligned", "arch")}
-        return sig, defines, options, f"the last launch ({_ago(r['time'])})"
+        return sig, defines, options, f"the last launch (recorded {_ago(r['time'])})"
 
     # ---- positions ---------------------------------------------------------------------------------
     def func_at(self, line: int, col: int) -> A.FuncDef | None:
