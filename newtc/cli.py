@@ -21,6 +21,7 @@ examples:
   cat k.nk | newtc - -k scale --sig x=*f32,n=i32 -D BLOCK=256 --emit ir
   newtc stdlib/add.nk --sig x=*f32,y=*f32,out=*f32,n=i32 -D BLOCK=1024 --aligned all --emit sass
   newtc --check stdlib/add.nk                                                      # diagnostics only
+  newtc lsp                                 # the language server for editors, over stdio (needs newt[lsp])
 
 exit status: 0 ok, 1 an error in the input (shown as FILE:LINE:COL diagnostics), 2 bad usage.
 """
@@ -170,10 +171,10 @@ def check_all(args, module: A.Module) -> list[NkError]:
 def main(argv=None) -> int:
     """Run the command; returns the exit status (argparse's usage errors and --help included)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["lsp"]:  # `newtc lsp`: the language server (optional dependencies, imported on demand)
-        from . import lsp
-        return lsp.main(argv[1:])
     try:
+        if argv[:1] == ["lsp"]:  # `newtc lsp`: the language server (optional dependencies, imported on demand)
+            from . import lsp
+            return lsp.main(argv[1:])
         return run(argv)
     except SystemExit as e:  # argparse: 2 for bad usage, 0 for --help
         return e.code if isinstance(e.code, int) else 1

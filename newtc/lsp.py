@@ -80,7 +80,8 @@ def name_span(node, lines: list[str]) -> Span:
 
 def children(node):
     for f in dataclasses.fields(node):
-        for x in (lambda v: v if isinstance(v, list) else [v])(getattr(node, f.name)):
+        v = getattr(node, f.name)
+        for x in v if isinstance(v, list) else [v]:
             x = x[1] if isinstance(x, tuple) else x  # a keyword argument (name, value)
             if dataclasses.is_dataclass(x) and not isinstance(x, Span):
                 yield x
@@ -125,7 +126,6 @@ class Scopes:
     joins its branches, a loop's body sees its incoming values joined with its own, as check.py runs it."""
 
     def __init__(self, module: A.Module, lines: list[str]):
-        self.lines = lines
         self.uses: dict[int, list[Binding]] = {}  # id(Name) read -> the bindings it may see
         self.binds: dict[int, Binding] = {}  # id(Name) written or id(Param) -> its binding
         self.calls: dict[str, list[A.Call]] = defaultdict(list)  # callee name -> call sites
@@ -345,9 +345,9 @@ class Document:
         if id(b) in seen:
             return []
         seen.add(id(b))
+        if b.how == "param" and b.func.kind == "kernel":
+            return [p for p in t.kernel.params if p.name == b.name] if b.func.name == t.kernel.name else []
         if b.how == "param":
-            if b.func.name == t.kernel.name:
-                return [p for p in t.kernel.params if p.name == b.name]
             out = []
             for call in self.scopes.calls.get(b.func.name, []):  # a helper's parameter: its arguments
                 i = next(i for i, p in enumerate(b.func.params) if p.name == b.name)
@@ -494,14 +494,14 @@ class Document:
             return []
         if node.id in self.defs and not self.scopes.uses.get(id(node)):
             return [name_span(self.defs[node.id], self.lines)]
-        out, todo = [], list(self.scopes.uses.get(id(node)) or [])
-        while todo:
+        out, todo, seen = [], list(self.scopes.uses.get(id(node)) or []), set()
+        while todo:  # joins (after an if, around a loop) stand for the bindings that flow into them
             b = todo.pop(0)
-            if b.span is not None:
-                out.append(b.span) if b.span not in out else None
-            else:
-                todo += [s for s in b.sources if s.span not in out]
-        return out
+            if id(b) not in seen:
+                seen.add(id(b))
+                out += [b.span] if b.span is not None and b.span not in out else []
+                todo += b.sources
+        return sorted(out, key=lambda s: (s.line, s.col))
 
     def completions(self, line: int, col: int) -> list[tuple[str, str, str]]:
         """(label, kind, detail) for each name that may be written at the position."""

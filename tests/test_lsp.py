@@ -184,7 +184,7 @@ async def test_hover_from_the_last_launch(client, tmp_path, monkeypatch):
     assert "scalar *f16" in await hover(client, uri, at(text, "x, y"))
 
 
-async def test_definition(client):
+async def test_definition(client, tmp_path):
     path = STDLIB / "gelu.nk"
     text = path.read_text()
     uri = await open_doc(client, path, text)
@@ -207,6 +207,14 @@ async def test_definition(client):
     use = at(text, "sum(acc", offset=4)
     first, update = at(text, "acc = zeros"), at(text, "acc += ")
     assert await goto(use) == sorted([(first.line, first.character), (update.line, update.character)])
+
+    # joins that feed each other (an if inside loops inside a loop): every assignment, once
+    text = "# newt: sig x=*f32, n=i32\nkernel k(x, n):\n    a = 0.0\n    for i in range(n):\n        if i > 2:\n" \
+           "            a = a + 1.0\n        for j in range(n):\n            if j > 1:\n                a = a * 2.0\n" \
+           "    store(x, a)\n"
+    uri = await open_doc(client, tmp_path / "nested.nk", text)
+    assigned = [at(text, "a = 0.0"), at(text, "a = a + 1.0"), at(text, "a = a * 2.0")]
+    assert await goto(at(text, "store(x, a)", offset=9)) == [(p.line, p.character) for p in assigned]
 
 
 async def test_completion_offers_builtins_with_signatures(client):
