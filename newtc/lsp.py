@@ -19,6 +19,7 @@ per open file and version.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import gc
 import inspect
@@ -36,6 +37,7 @@ from .types import DTYPES
 
 DIRECTIVE = re.compile(r"^\s*#\s*newt:\s*sig\b(.*)$")
 ITEM = re.compile(r"""([A-Za-z_]\w*)\s*=\s*("[^"]*"|'[^']*'|[^\s,]+)""")
+DEBOUNCE_S = 0.05  # a change is checked when no other follows within this time
 OPTIONS = {"num_warps": int, "num_stages": int, "arch": str}  # directive items that are not parameters
 ATTRIBUTES = {"to": "x.to(dtype, bitcast=False): convert, or reinterpret the bits",
               "dtype": "x.dtype: the dtype (compile-time)", "shape": "x.shape: the shape, a tuple of ints (compile-time)"}
@@ -618,8 +620,10 @@ def server():
         publish(params.text_document.uri)
 
     @ls.feature(T.TEXT_DOCUMENT_DID_CHANGE)
-    def did_change(params: T.DidChangeTextDocumentParams):
-        publish(params.text_document.uri)
+    async def did_change(params: T.DidChangeTextDocumentParams):
+        await asyncio.sleep(DEBOUNCE_S)  # while typing, only the version that stays a moment is checked
+        if ls.workspace.get_text_document(params.text_document.uri).version == params.text_document.version:
+            publish(params.text_document.uri)
 
     @ls.feature(T.TEXT_DOCUMENT_DID_SAVE)
     def did_save(params: T.DidSaveTextDocumentParams):
