@@ -279,7 +279,11 @@ class Document:
                 pass  # recorded for an older version of the kernel: its parameters differ
         candidates.append(({}, {}, {}, "the annotations and defaults"))
         for sig, defines, options, origin in candidates:
-            sig, consts, no_sig, no_value = cli.specialization(d, sig, defines)
+            try:
+                sig, consts, no_sig, no_value = cli.specialization(d, sig, defines)
+            except NkError as err:  # an annotation that is no type: no specialization can fix it
+                v.error = err
+                return v
             if no_sig or no_value:
                 v.missing = v.missing or " and ".join(
                     f"{what} for {', '.join(p.name for p in ps)}"
@@ -299,6 +303,9 @@ class Document:
             v.typed = Typed(compiler.compile(self.module, d.name, v.spec, until="ir").kernel)
         except NkError as err:
             v.error = err
+        except Exception as exc:  # a compiler bug: said at the kernel, and the rest of the file still works
+            v.error = NkError(f"internal compiler error while checking '{d.name}': {exc!r}", head,
+                              "please report it with this file")
         return v
 
     def directive(self, d: A.FuncDef, after_line: int):
