@@ -421,7 +421,7 @@ class Document:
             note = self.global_note(node.id)
             if isinstance(parent, A.Call) and parent.func is node and node.id not in RANGES:
                 return self.typed_text(d, node.id + "(...)", lambda t, s: self.expr_values(parent, t, s), note), node.span
-            return (f"```\n{note}\n```", node.span) if note else None
+            return (f"```nk\n{note}\n```", node.span) if note else None
         if isinstance(node, A.Attribute) and isinstance(parent, A.Call) and parent.func is node:
             node = parent  # x.to(f16): the call is the value
         if not isinstance(node, (A.BinOp, A.UnaryOp, A.Call, A.Attribute, A.Subscript, A.TupleExpr, A.ListExpr)):
@@ -439,7 +439,7 @@ class Document:
                 found.append((v, lines))
         body = [note] * bool(note) + [line + f"    (in {v.defn.name})" * (len(found) > 1)
                                       for v, lines in found for line in lines]
-        parts = [f"```\n{chr(10).join(body)}\n```"] if body else []
+        parts = [f"```nk\n{chr(10).join(body)}\n```"] if body else []
         parts += [f"*{v.defn.name}: {spec_text(v.spec)}, from {v.origin}*" for v, _ in found]
         if not found:
             parts.append(self.why_untyped(d, views, note))
@@ -459,7 +459,7 @@ class Document:
                 "Add a `# newt: sig` comment above it, or launch it once.")
 
     def describe_def(self, d: A.FuncDef) -> str:
-        text = f"```\n{def_signature(d, self.lines)}\n```"
+        text = f"```nk\n{def_signature(d, self.lines)}\n```"
         if d.kind == "kernel":
             v = self.kernels[d.name]
             spec = f"specialization: {spec_text(v.spec)}, from {v.origin}" if v.spec else f"needs {v.missing}"
