@@ -76,7 +76,8 @@ async def hover(client, uri, pos) -> str:
 
 def typed_lines(markdown: str) -> list[str]:
     """The code block of a hover: its `name: type` lines."""
-    return markdown.split("```")[1].strip().splitlines() if "```" in markdown else []
+    block = re.search(r"```nk\n(.*?)\n```", markdown, re.S)
+    return block.group(1).splitlines() if block else []
 
 
 def with_sig(path: Path, kernel: str, sig: str) -> str:
