@@ -254,7 +254,7 @@ async def test_document_symbols(client, tmp_path):
     assert (out[0].selection_range.start.line, out[0].selection_range.start.character) == (head.line, head.character)
 
 
-@pytest.mark.parametrize("what", ["ir", "cuda", "ptx"])
+@pytest.mark.parametrize("what", ["ir", "cuda", "ptx", "sass"])
 async def test_generated_code_is_the_compilers(client, what):
     path = STDLIB / "softmax.nk"
     text = with_sig(path, "softmax", SOFTMAX_SIG)
