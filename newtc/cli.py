@@ -21,6 +21,7 @@ examples:
   cat k.nk | newtc - -k scale --sig x=*f32,n=i32 -D BLOCK=256 --emit ir
   newtc stdlib/add.nk --sig x=*f32,y=*f32,out=*f32,n=i32 -D BLOCK=1024 --aligned all --emit sass
   newtc --check stdlib/add.nk                                                      # diagnostics only
+  newtc lsp                                 # the language server for editors, over stdio (needs newt[lsp])
 
 exit status: 0 ok, 1 an error in the input (shown as FILE:LINE:COL diagnostics), 2 bad usage.
 """
@@ -137,18 +138,22 @@ def emit(args, module: A.Module, filename: str):
     ones = tuple(filter(None, args.ones.split(",")))
     spec = Spec.of(sig, consts, num_warps=args.num_warps, num_stages=args.num_stages, aligned=aligned, ones=ones,
                    arch=args.arch)
-    stage = {"ir": "ir", "cuda": "cuda"}.get(args.emit, "cubin")
-    result = compiler.compile(module, d.name, spec, until=stage)
-    if args.emit == "ir":
+    return stage_text(module, d.name, spec, args.emit)
+
+
+def stage_text(module: A.Module, name: str, spec: Spec, emit: str):
+    """What --emit ir|cuda|ptx|cubin|sass gives for one specialization (bytes for a cubin); also `newtc lsp`'s."""
+    result = compiler.compile(module, name, spec, until={"ir": "ir", "cuda": "cuda"}.get(emit, "cubin"))
+    if emit == "ir":
         return ir.print_kernel(result.kernel)
-    if args.emit == "cuda":
+    if emit == "cuda":
         return result.cuda.source
     out = result.binary
-    if args.emit == "ptx":
+    if emit == "ptx":
         if out.ptx is None:
             raise NkError("this NVRTC kept no PTX for the program", None, "try --arch compute_90a")
         return out.ptx
-    return out.cubin if args.emit == "cubin" else nvrtc.disassemble(out.cubin)
+    return out.cubin if emit == "cubin" else nvrtc.disassemble(out.cubin)
 
 
 def check_all(args, module: A.Module) -> list[NkError]:
@@ -169,7 +174,11 @@ def check_all(args, module: A.Module) -> list[NkError]:
 
 def main(argv=None) -> int:
     """Run the command; returns the exit status (argparse's usage errors and --help included)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        if argv[:1] == ["lsp"]:  # `newtc lsp`: the language server (optional dependencies, imported on demand)
+            from . import lsp
+            return lsp.main(argv[1:])
         return run(argv)
     except SystemExit as e:  # argparse: 2 for bad usage, 0 for --help
         return e.code if isinstance(e.code, int) else 1

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from . import ast as A
-from . import cache, check, compiler, driver, interpret, ir, nvrtc, syntax
+from . import cache, check, compiler, driver, interpret, ir, launches, nvrtc, syntax
 from .compiler import Spec
 from .errors import SOURCES, NkError, flag
 from .types import DTYPES, Ptr, bool_, f32, i32, i64, torch_dtype_name
@@ -278,8 +278,10 @@ class Kernel:
         idx64 = needs_idx64(args)
         sig = {p.name: arg_type(a, idx64) for p, a in zip(self.runtime, args)}
         ones = tuple(p.name for p, a in zip(self.runtime, args) if type(a) is int and a == 1)
-        return Spec.of(sig, meta, num_warps=num_warps, num_stages=num_stages, idx64=idx64,
+        spec = Spec.of(sig, meta, num_warps=num_warps, num_stages=num_stages, idx64=idx64,
                        aligned=aligned_params(self.runtime, args), ones=ones, arch=arch)
+        launches.record(self.module.filename, self.name, spec)  # what `newtc lsp` shows types for
+        return spec
 
     def output(self, args, meta, until: str, arch: str | None = None) -> compiler.Output:
         return compiler.compile(self.module.ast, self.name, self.specialize(args, meta, arch or default_arch()), until)

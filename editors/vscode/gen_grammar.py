@@ -1,0 +1,123 @@
+"""Write the VS Code extension's TextMate grammar and language configuration from the language itself.
+
+    python editors/vscode/gen_grammar.py          # rewrite syntaxes/nk.tmLanguage.json, language-configuration.json
+    python editors/vscode/gen_grammar.py --check  # exit 1 if they differ from what this would write
+
+Keywords and their roles come from grammar/nk.lark (the rule each reserved word appears in), the
+number and string patterns are the grammar's own terminals, and the builtins, dtypes and constants
+are newtc.check's. tests/test_textmate.py fails when the committed files drift from this output.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent))  # run from a source checkout without installing
+
+from newtc import syntax  # noqa: E402
+from newtc.lsp import vocabulary  # noqa: E402
+
+FILES = {"grammar": HERE / "syntaxes" / "nk.tmLanguage.json", "config": HERE / "language-configuration.json"}
+# the scope of a reserved word, by the grammar rule it appears in (any other rule: a control keyword)
+ROLES = {"_deftype": "storage.type.function.nk", "_or": "keyword.operator.logical.nk",
+         "_and": "keyword.operator.logical.nk", "_not": "keyword.operator.logical.nk", "atom": "constant.language.nk"}
+CONTROL = "keyword.control.nk"
+
+
+def words(names) -> str:
+    return "|".join(sorted(names, key=lambda w: (-len(w), w)))
+
+
+def grammar_facts():
+    """(scope of each reserved word, words that open an indented block, operator texts)."""
+    parser = syntax._parser()
+    texts = {t.name: t.pattern.value for t in parser.terminals if t.pattern.type == "str"}
+    patterns = {t.name: t.pattern.value for t in parser.terminals if t.pattern.type == "re"}
+    rules: dict[str, set] = {}
+    for r in parser.rules:
+        rules.setdefault(r.origin.name, set()).update(s.name for s in r.expansion)
+    role = {}
+    for name, symbols in rules.items():
+        for s in symbols:
+            if s in texts and texts[s].isidentifier():
+                role.setdefault(texts[s], ROLES.get(name, CONTROL))
+
+    def own_words(name):
+        return {texts[s] for s in rules[name] if s in texts and texts[s].isidentifier()}
+
+    # words of the rules that take an indented suite, and of the `_rules` they inline (funcdef: _deftype)
+    blocks = {w for name, symbols in rules.items() if "suite" in symbols
+              for w in own_words(name).union(*(own_words(s) for s in symbols if s.startswith("_") and s in rules))}
+    operators = {t for t in texts.values() if not t.isidentifier() and t not in "()[],:."}
+    return role, blocks, operators, patterns
+
+
+def generate() -> dict[str, str]:
+    role, blocks, operators, patterns = grammar_facts()
+    vocab = vocabulary()
+    by_scope: dict[str, list] = {}
+    for w, scope in role.items():
+        if scope != ROLES["_deftype"]:  # `kernel` and `tile` are names elsewhere: definitions match them in place
+            by_scope.setdefault(scope, []).append(w)
+    constants = by_scope.pop(ROLES["atom"]) + vocab["constants"]
+    ident = r"[A-Za-z_]\w*"
+    number = r"(?<![\w.])(?:{})(?![\w.])"
+    repo = {
+        "comment": {"patterns": [
+            {"match": r"(#)\s*(newt:\s*sig)\b.*$", "name": "comment.line.number-sign.directive.nk",
+             "captures": {"1": {"name": "punctuation.definition.comment.nk"}, "2": {"name": "keyword.other.directive.nk"}}},
+            {"match": r"(#).*$", "name": "comment.line.number-sign.nk",
+             "captures": {"1": {"name": "punctuation.definition.comment.nk"}}}]},
+        "definition": {"match": rf"^\s*({words(w for w, s in role.items() if s == ROLES['_deftype'])})\s+({ident})",
+                       "captures": {"1": {"name": ROLES["_deftype"]}, "2": {"name": "entity.name.function.nk"}}},
+        "string": {"match": patterns["STRING"], "name": "string.quoted.nk"},
+        "number": {"patterns": [{"match": number.format(patterns["FLOAT"]), "name": "constant.numeric.float.nk"},
+                                {"match": number.format(patterns["INT"]), "name": "constant.numeric.integer.nk"}]},
+        "keyword": {"patterns": [{"match": rf"\b(?:{words(ws)})\b", "name": scope} for scope, ws in sorted(by_scope.items())]},
+        "constant": {"match": rf"\b(?:{words(constants)})\b", "name": "constant.language.nk"},
+        "dtype": {"match": rf"\b(?:{words(vocab['dtypes'])})\b", "name": "support.type.dtype.nk"},
+        "annotation": {"match": rf"\b(?:{words(vocab['annotations'])})\b", "name": "storage.modifier.constexpr.nk"},
+        "builtin": {"match": rf"(?<![\w.])(?:{words(vocab['builtins'])})\b", "name": "support.function.builtin.nk"},
+        "operator": {"match": "|".join(re.escape(o) for o in sorted(operators, key=lambda o: (-len(o), o))),
+                     "name": "keyword.operator.nk"},
+    }
+    grammar = {
+        "comment": "Generated by editors/vscode/gen_grammar.py from grammar/nk.lark and newtc/check.py; do not edit.",
+        "name": "newt kernel", "scopeName": "source.nk", "fileTypes": ["nk"],
+        "patterns": [{"include": f"#{k}"} for k in repo],
+        "repository": repo,
+    }
+    config = {
+        "comments": {"lineComment": "#"},
+        "brackets": [["(", ")"], ["[", "]"]],
+        "autoClosingPairs": [{"open": "(", "close": ")"}, {"open": "[", "close": "]"},
+                             {"open": "'", "close": "'", "notIn": ["string", "comment"]},
+                             {"open": "\"", "close": "\"", "notIn": ["string", "comment"]}],
+        "surroundingPairs": [["(", ")"], ["[", "]"], ["'", "'"], ["\"", "\""]],
+        "wordPattern": ident,
+        "indentationRules": {"increaseIndentPattern": rf"^\s*(?:{words(blocks)})\b.*:\s*(?:#.*)?$",
+                             "decreaseIndentPattern": r"^\s*(?:elif|else)\b.*:\s*(?:#.*)?$"},
+        "onEnterRules": [{"beforeText": r"^\s*(?:return|pass)\b.*$", "action": {"indent": "outdent"}}],
+    }
+    assert {"elif", "else"} <= blocks, "decreaseIndentPattern names the grammar's else-like block words"
+    return {k: json.dumps(v, indent=2) + "\n" for k, v in (("grammar", grammar), ("config", config))}
+
+
+def main(argv) -> int:
+    out = generate()
+    if "--check" in argv:
+        stale = [str(FILES[k]) for k, text in out.items() if not FILES[k].is_file() or FILES[k].read_text() != text]
+        if stale:
+            print(f"out of date (run python {Path(__file__).relative_to(HERE.parent.parent)}): {', '.join(stale)}")
+        return 1 if stale else 0
+    for k, text in out.items():
+        FILES[k].parent.mkdir(parents=True, exist_ok=True)
+        FILES[k].write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
