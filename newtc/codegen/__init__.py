@@ -60,7 +60,7 @@ class Codegen:
         self.vals: dict[int, list[str]] = {}  # id(block value) -> one C expression per register
         self.defs: dict[int, ir.Op] = {id(r): op for op in ir.walk(k.body) for r in op.results}
         # ptxas serializes asynchronous wgmma if accumulators are read behind branches: stores then use predicates
-        self.predicated = any(op.kind == "dot" and op.attrs.get("pending") for op in ir.walk(k.body))
+        self.predicated = any(op.kind == "dot" and op.attrs.get("async") for op in ir.walk(k.body))
         self.line_no = None
         self.depth = 1
         self.span = None

@@ -119,7 +119,8 @@ def wgmma(cg, op: ir.Op) -> None:
                     f'%{nw // 2}, %{nw // 2 + 1}, 1, 1, 1, {int(da[4])}, {int(db[4])};" : {binds} : '
                     f'"l"({descs[0]}), "l"({descs[1]}));')
     cg.emit('asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");')
-    wait(cg, op.attrs.get("pending", 0), list(out.values()))
+    if not op.attrs.get("async"):  # else a dot_wait follows
+        wait(cg, 0, list(out.values()))
 
 
 def wait(cg, pending: int, regs: list[str]) -> None:

@@ -163,11 +163,12 @@ class Pipeliner:
         if any(u.kind == "dot" for *_, reads in found for u in reads):  # the tensor cores read through the async proxy
             head.append(ir.Op("fence_async", [], [], {}, span))
         head.append(ir.Op("barrier", [], [], {}, span))
-        ahead = self.scalar(head, "add", [iv, self.scalar(head, "mul", [self.const(head, ahead_by, iv.type.dtype, span),
-                                                                          step], iv.type.dtype, span)],
+        issue: list[ir.Op] = []
+        ahead = self.scalar(issue, "add", [iv, self.scalar(issue, "mul", [self.const(issue, ahead_by, iv.type.dtype,
+                                                                                      span), step], iv.type.dtype, span)],
                             iv.type.dtype, span)
         ahead.facts = iv.facts
-        copies(head, ahead, w_slot, rings)
+        copies(issue, ahead, w_slot, rings)
         dead = set()
         for (store, load, reads), ring in zip(found, rings):
             dead |= {id(store), id(load), id(self.defs[id(store.args[0])])}
@@ -183,10 +184,16 @@ class Pipeliner:
             wrap = self.scalar(tail, "lt", [one, self.const(tail, s_count, i32, span)], bool_, span)
             nexts.append(self.scalar(tail, "where", [wrap, one, self.const(tail, 0, i32, span)], i32, span))
         yield_op.args = list(yield_op.args) + nexts
-        body.ops = head + rest + tail + [yield_op]
+        # the later copies go out first, except with asynchronous wgmma: its tensor-core work starts first, the copies
+        # are issued while it runs, then one group is waited for (the one that read the slot two iterations back)
+        for dot in lagging:
+            landed = ir.Value(dot.result.type, dot.result.name, dot.result.layout)
+            issue.append(ir.Op("dot_wait", [dot.result], [landed], {"pending": 1}, span))
+            yield_op.args = [landed if a is dot.result else a for a in yield_op.args]
+        body.ops = head + (rest + issue if lagging else issue + rest) + tail + [yield_op]
         after = [ir.Op("async_wait", [], [], {"pending": 0}, span)]
         for dot in lagging:  # the accumulator is read after the loop once its last group has landed
-            dot.attrs["pending"] = 1
+            dot.attrs["async"] = True
             result = loop.results[body.params.index(dot.args[2]) - 1]
             landed = ir.Value(result.type, result.name, result.layout)
             after.append(ir.Op("dot_wait", [result], [landed], {"pending": 0}, span))
