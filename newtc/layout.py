@@ -171,6 +171,19 @@ def contiguous_dim(layout: Layout) -> int:
     return len(layout.shape) - 1
 
 
+def vector(layout: Layout, itemsize: int) -> tuple[int, int]:
+    """(dim, g): each thread's leading g registers are consecutive elements along dim (at most 16 bytes)."""
+    first = layout.reg[0] if layout.reg else 0
+    for dim, (s, w) in enumerate(dim_bits(layout.shape)):
+        if first == 1 << s and w:
+            g = 1
+            while log2(g) < min(w, len(layout.reg)) and layout.reg[log2(g)] == 1 << (s + log2(g)) \
+                    and 2 * g * itemsize <= 16:
+                g *= 2
+            return dim, g
+    return len(layout.shape) - 1, 1
+
+
 # ---- shared memory ------------------------------------------------------------------------------------
 def solve(bases, target: int) -> int | None:
     """The index x whose XOR of selected bases (xor_span(bases, x)) is target, or None if none is."""

@@ -9,21 +9,8 @@ from __future__ import annotations
 from .. import ir
 from ..errors import NkError
 from ..ir import facts
-from ..layout import Layout, dim_bits, log2
+from ..layout import Layout, vector
 from . import cexpr
-
-
-def vector(layout: Layout, itemsize: int) -> tuple[int, int]:
-    """(dim, g): each thread's leading g registers are consecutive elements along dim (at most 16 bytes)."""
-    first = layout.reg[0] if layout.reg else 0
-    for dim, (s, w) in enumerate(dim_bits(layout.shape)):
-        if first == 1 << s and w:
-            g = 1
-            while log2(g) < min(w, len(layout.reg)) and layout.reg[log2(g)] == 1 << (s + log2(g)) \
-                    and 2 * g * itemsize <= 16:
-                g *= 2
-            return dim, g
-    return len(layout.shape) - 1, 1
 
 
 def proven(ptr: ir.Value, mask: ir.Value | None, layout: Layout, dim: int, g: int, nbytes: int) -> bool:

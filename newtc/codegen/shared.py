@@ -10,7 +10,8 @@ from __future__ import annotations
 from .. import ir
 from ..layout import Layout, inverse, log2, to_coord, to_flat, xor_span
 from . import cexpr
-from .memory import proven, vector, vector_condition
+from ..layout import vector
+from .memory import proven, vector_condition
 
 
 def shared_offsets(reg: Layout, shared: Layout, start: tuple) -> tuple:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from .. import ir
 from ..ir import facts
 from ..layout import (Layout, blocked, contiguous_dim, log2, mma_acc, mma_operand, mma_warps, remap, slice_layout,
-                      swizzled, wgmma_acc, wgmma_descriptor, wgmma_warps)
+                      swizzled, vector, wgmma_acc, wgmma_descriptor, wgmma_warps)
 from ..types import bf16, f16, f32, i8, i32, u8
 
 FREE = {"splat", "arange", "broadcast", "expand_dims", "trans"}  # reshape and elementwise: free if their operands are
@@ -172,7 +172,14 @@ class Plan:
         if kind == "store":
             ptr, val, _ = op.args
             if ptr.type.shape:
-                lay = self.of(val) if not self.free(val) else self.coalesced(ptr)
+                lay = self.coalesced(ptr)
+                if not self.free(val) and self.of(val) != lay:
+                    # stored where it is, unless a large block would go out in narrow stores (a tensor-core
+                    # accumulator's pairs): then it goes through shared memory to the coalesced 16-byte layout
+                    item = val.type.dtype.itemsize
+                    own = vector(self.of(val), item)[1] * item
+                    large = val.type.numel * item >= 16 * 32 * self.k.spec.num_warps
+                    lay = lay if large and own < min(8, vector(lay, item)[1] * item) else self.of(val)
                 self.want[id(op)] = [lay] * 3
             return
         if res is None or not res.type.shape or self.free(res):
