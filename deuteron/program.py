@@ -127,7 +127,7 @@ class TileFunction:
 
     def eager(self, *args, **kwargs):
         """The tile program run by torch with whole slices as tiles: the oracle."""
-        return lang.Interp(self.program.defs, device_of(args)).call(self.defn, args, kwargs)
+        return lang.Interp(self.program.defs, device_of(args, kwargs)).call(self.defn, args, kwargs)
 
     def source(self, *args, config: dict | None = None, **kwargs) -> str:
         """The generated `.nk` text of this call's kernels."""
@@ -137,7 +137,7 @@ class TileFunction:
     def plan(self, args, kwargs, config: dict, poison: bool = False):
         """Run the host code: (the result, the launches it makes), nothing launched yet."""
         launches = []
-        interp = lang.Interp(self.program.defs, device_of(args), None, config, poison)
+        interp = lang.Interp(self.program.defs, device_of(args, kwargs), None, config, poison)
 
         def grid(loop, env):
             low, kernel = self.lower(loop, env, config, interp)
@@ -176,7 +176,7 @@ class TileFunction:
     def space(self, *args, **kwargs) -> search.Space:
         """The search space of this specialization, derived from what the lowering saw."""
         plan = self.plan(args, kwargs, {})[1]
-        it = lang.Interp(self.program.defs, device_of(args))
+        it = lang.Interp(self.program.defs, device_of(args, kwargs))
         tunables = {p.name: it.expr(p.default, {}) for p in self.defn.params if lang.is_tunable(p)}
         return search.Space.derive([launch.low.info for launch in plan], tunables)
 
@@ -188,8 +188,7 @@ class TileFunction:
         """The config a call with these arguments uses: pinned, stored, or tuned now (CUDA tensors only)."""
         if self.pinned is not None:
             return self.pinned
-        device = device_of(args)
-        if device.type != "cuda":
+        if device_of(args, kwargs).type != "cuda":
             return self.space(*args, **kwargs).default()
         key = store.key(self, args, kwargs)
         tag = store.digest(key)
@@ -224,8 +223,8 @@ def iter_loops(stmts):
                 yield from iter_loops(body)
 
 
-def device_of(args) -> torch.device:
-    return next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+def device_of(args, kwargs) -> torch.device:
+    return next((a.device for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)), torch.device("cpu"))
 
 
 @functools.cache
