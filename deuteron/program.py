@@ -111,6 +111,7 @@ class TileFunction:
         self.lowered: dict = {}  # lowering key -> (Lowered, kernel)
         self.chosen: dict = {}  # tuning key -> config
         self.pinned: dict | None = None
+        self.tuned: dict = {}  # the last tuning session's numbers
 
     def __repr__(self) -> str:
         return f"<deuteron tile program {self.name} from {self.program.filename}>"
@@ -203,13 +204,16 @@ class TileFunction:
         return config
 
     def tune(self, *args, effort: str = "quick", budget: float | None = None, **kwargs) -> dict:
-        """Autotune for these arguments, store the winner, and return it."""
+        """Autotune for these arguments (CUDA tensors), store the winner and return it; `self.tuned` keeps the
+        session's numbers (best ms, configs tried and rejected, seconds)."""
         from . import tune
         space = self.space(*args, **kwargs)
-        config = tune.tune(self, args, kwargs, space, effort, budget)
-        if effort != "none":
-            store.save(store.key(self, args, kwargs), config)
-        self.chosen[store.digest(store.key(self, args, kwargs))] = config
+        if effort == "none":
+            return space.default()
+        config, self.tuned = tune.tune(self, args, kwargs, space, effort, budget)
+        key = store.key(self, args, kwargs)
+        store.save(key, config, **self.tuned)
+        self.chosen[store.digest(key)] = config
         return config
 
 

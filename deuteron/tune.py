@@ -25,6 +25,7 @@ from newtc.errors import NkError
 from . import search
 
 TIMEOUT = 30.0  # seconds a candidate may take in a worker before it counts as a hang
+START = 300.0  # seconds a worker may take to start: import torch, copy the inputs, run the oracle
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 4e-2, torch.float32: 2e-3, torch.float64: 1e-6}
 
 
@@ -133,7 +134,7 @@ class Pool:
         proc.start()
         child.close()
         self.started += 1
-        if not parent.poll(self.timeout * 4):
+        if not parent.poll(START):
             self.stop(proc, parent)
             raise NkError("an autotuning worker did not start in time")
         kind, why = parent.recv()
@@ -166,24 +167,28 @@ class Pool:
 
     def map(self, jobs: list) -> list:
         """Run (ready, job) pairs, ready() waiting for what the job needs; one thread drives each worker."""
-        todo, results = queue.Queue(), [None] * len(jobs)
+        todo, results, errors = queue.Queue(), [None] * len(jobs), []
         for item in enumerate(jobs):
             todo.put(item)
 
         def drive(device):
-            while True:
-                try:
+            try:
+                while not errors:
                     i, (ready, job) = todo.get_nowait()
-                except queue.Empty:
-                    return
-                why = ready()
-                results[i] = (float("inf"), why) if why else self.run_on(device, job)
+                    why = ready()
+                    results[i] = (float("inf"), why) if why else self.run_on(device, job)
+            except queue.Empty:
+                pass
+            except NkError as e:  # no worker can start: the session cannot go on
+                errors.append(e)
 
         threads = [threading.Thread(target=drive, args=(d,)) for d in self.devices]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        if errors:
+            raise errors[0]
         return results
 
     def close(self):
@@ -218,23 +223,23 @@ class Progress:
             self.bar.close()
 
 
-def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | None, pool: Pool | None = None) -> dict:
-    """Search the space for the fastest config that matches the oracle; prints the winner and how to pin it."""
-    if effort == "none":
-        return space.default()
+def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | None,
+         pool: Pool | None = None, arch: str | None = None):
+    """Search the space for the fastest config that matches the oracle; prints the winner and how to pin it.
+    Returns (config, {"ms", "tried", "rejected", "seconds"})."""
     begin = time.monotonic()
-    device = next(a.device for a in args if isinstance(a, torch.Tensor))
-    name = torch.cuda.get_device_name(device)
-    devices = [device.index or 0] + [i for i in range(torch.cuda.device_count())
-                                     if i != (device.index or 0) and torch.cuda.get_device_name(i) == name]
-    host = [a.detach().cpu() if isinstance(a, torch.Tensor) else a for a in args]
-    pool = pool or Pool((fn.program.ast.source, fn.program.filename, fn.name, host, kwargs), devices)
-    arch = driver.arch(device.index or 0)
+    if pool is None:
+        device = next(a.device for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor))
+        name, first = torch.cuda.get_device_name(device), device.index or 0
+        devices = [first] + [i for i in range(torch.cuda.device_count())
+                             if i != first and torch.cuda.get_device_name(i) == name]  # alike GPUs time alike
+        host = [a.detach().cpu() if isinstance(a, torch.Tensor) else a for a in args]
+        pool, arch = Pool((fn.program.ast.source, fn.program.filename, fn.name, host, kwargs), devices), driver.arch(first)
     compiler = ThreadPoolExecutor(max(2, os.cpu_count() or 2))
     progress, state = Progress(fn.name), {"best": float("inf"), "rejected": {}}
 
     def prepare(config):
-        """Lower here (parsing is not thread-safe), compile in a thread; ready() gives an error or None."""
+        """Lower here (the parser is not thread-safe), compile in a thread; ready() says why not, or None."""
         try:
             plan = fn.plan(args, kwargs, config)[1]
         except NkError as e:
@@ -244,8 +249,8 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
         def ready():
             try:
                 future.result()
-            except NkError as e:
-                return f"error: {e.render(color=False)}"
+            except Exception as e:  # noqa: BLE001 - any failure to compile rejects the candidate alone
+                return f"error: {e.render(color=False) if isinstance(e, NkError) else repr(e)}"
         return ready
 
     def measure(configs, retime=False):
@@ -268,6 +273,7 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
         why = next(iter(state["rejected"].values()), "")
         raise NkError(f"autotuning '{fn.name}': every one of {len(tried)} configs was rejected", fn.defn.span,
                       f"the first reason: {why}")
-    print(f"deuteron: {fn.name} tuned in {time.monotonic() - begin:.1f} s, {len(tried)} configs tried "
-          f"({len(state['rejected'])} rejected), best {ms:.4f} ms\n  pin it: prog.{fn.name}.pin({best!r})", file=sys.stderr)
-    return best
+    info = {"ms": ms, "tried": len(tried), "rejected": len(state["rejected"]), "seconds": time.monotonic() - begin}
+    print(f"deuteron: {fn.name} tuned in {info['seconds']:.1f} s: {len(tried)} configs tried, {info['rejected']} "
+          f"rejected; best {ms:.4f} ms\n  pin it: prog.{fn.name}.pin({best!r})", file=sys.stderr)
+    return best, info
