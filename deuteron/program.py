@@ -1,7 +1,7 @@
-"""Tile programs as Python callables: specialization, lowering on a miss, launch, and the config to use.
+"""Tile programs as Python callables: the host code, lowering on a miss, launch, and the config to use.
 
     prog = deuteron.load("examples/tiles.nk")
-    out = prog.matmul(x, y)                       # tuned once per shape bucket, then cached on disk
+    out = prog.matmul(x, y)                       # tuned once per shape bucket, then from the disk store
     print(prog.matmul.source(x, y, config=cfg))   # the generated .nk
 """
 from __future__ import annotations
@@ -21,36 +21,38 @@ from newtc.jit import parsed
 
 from . import lang, lower, search, store
 
-_modules: dict = {}  # generated text -> newt Module: equal text is compiled and loaded once
-_lock = threading.Lock()
+_modules, _lock = {}, threading.Lock()  # generated text -> newt Module: equal text compiles and loads once
 
 
-def next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
-def size_facts(n: int) -> tuple:
-    """What a size proves: its block when taken whole (next power of two) and the power of two dividing it."""
+def size_facts(n) -> tuple:
+    """What a size proves: its whole block (the next power of two) and the power of two dividing it."""
     n = int(n)
-    return next_pow2(n), n & -n
+    return 1 << max(0, (n - 1).bit_length()), n & -n
 
 
 def facts(v, constexpr: bool):
     """The part of a host value that the generated text depends on."""
     if isinstance(v, torch.Tensor):
-        name = lang.DTYPE_OF.get(v.dtype)
-        if name is None:
+        if v.dtype not in lang.DTYPE_OF:
             raise NkError(f"tensors of {v.dtype} are not supported")
-        return "T", name.name, tuple((*size_facts(s), st == 1) for s, st in zip(v.shape, v.stride()))
-    if constexpr:
-        return "K", v
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return "C", v
+        return "T", lang.DTYPE_OF[v.dtype].name, tuple((*size_facts(s), st == 1) for s, st in zip(v.shape, v.stride()))
+    if constexpr or isinstance(v, bool) or not isinstance(v, (int, float)):
+        return ("K" if constexpr else "C"), v
     return ("I", size_facts(v)) if isinstance(v, int) else ("F",)
 
 
+def device_of(args, kwargs) -> torch.device:
+    return next((a.device for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)), torch.device("cpu"))
+
+
+@functools.cache
+def programs(device: torch.device) -> int:
+    """How many programs a persistent grid starts: one per SM (4 in the interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
 class Launch:
-    """One kernel launch of a call, with its arguments bound; calling it launches."""
+    """One kernel launch of a call, its arguments bound; calling it launches."""
 
     def __init__(self, low: lower.Lowered, kernel, grid: int, args: list, meta: dict):
         self.low, self.kernel, self.grid, self.args, self.meta = low, kernel, grid, args, meta
@@ -62,7 +64,7 @@ class Launch:
             raise self.low.remap(e) from None
 
     def compile(self, until: str = "cubin", arch: str = "sm_90a"):
-        """The newt pipeline's output for this launch (newtc.compiler.Output), without a GPU."""
+        """newt's pipeline output (newtc.compiler.Output) for this launch; no GPU needed."""
         try:
             return self.kernel.output(self.args, self.meta, until, arch)
         except NkError as e:
@@ -73,53 +75,41 @@ class Program:
     """A `.nk` file of tile programs; each `tile` definition is an attribute."""
 
     def __init__(self, text: str, filename: str):
-        self.filename = filename
-        self.ast = parsed(text, filename)
+        self.filename, self.ast = filename, parsed(text, filename)
         self.defs = {d.name: d for d in self.ast.defs if d.kind == "def"}
         self.fns = {d.name: TileFunction(self, d) for d in self.ast.defs if d.kind == "tile"}
 
     def __getattr__(self, name: str) -> "TileFunction":
-        fns = self.__dict__.get("fns", {})
-        if name in fns:
-            return fns[name]
-        raise AttributeError(f"{self.__dict__.get('filename')} has no tile program '{name}' (tile programs: {', '.join(fns)})")
+        if name in self.__dict__.get("fns", {}):
+            return self.fns[name]
+        raise AttributeError(f"{self.__dict__.get('filename')} has no tile program '{name}'")
 
-    def __dir__(self):
-        return list(self.fns) + list(super().__dir__())
+
+def grids(stmts) -> list:
+    """The launch grids among these statements: tile loops outside tile loops, in program order."""
+    out = []
+    for s in stmts:
+        out += [s] if lang.is_tiles(s) else grids(getattr(s, "body", []) + getattr(s, "orelse", []))
+    return out
 
 
 class TileFunction:
     def __init__(self, program: Program, d: A.FuncDef):
-        self.program, self.defn, self.name = program, d, d.name
-        self.tunables = [p.name for p in d.params if lang.is_tunable(p)]
-        self.constexprs = {p.name for p in d.params if lang.is_constexpr_annot(p.annotation)} | set(self.tunables)
+        self.program, self.defn, self.name, self.loops = program, d, d.name, grids(d.body)
+        self.constexprs = {p.name for p in d.params if lang.is_tunable(p) or lang.is_constexpr_annot(p.annotation)}
         lines = program.ast.source.splitlines()
         text = "\n".join("\n".join(lines[x.span.line - 1:x.span.end_line]) for x in [d, *program.defs.values()])
         self.hash = hashlib.sha256(text.encode()).hexdigest()[:16]  # what a stored config is valid for
-        self.loops = []  # the launch grids, in program order
-        stack = list(d.body)
-        while stack:
-            s = stack.pop(0)
-            if lang.is_tiles(s):
-                self.loops.append(s)
-            elif isinstance(s, A.If):
-                stack[:0] = s.body + s.orelse
-            elif isinstance(s, A.For):
-                stack[:0] = s.body
         self.taken = lower.names_in(program.ast.defs) | {x.name for x in program.ast.defs}
-        self.names = {id(s): lower.names_in(s) for s in self.loops}
-        self.lowered: dict = {}  # lowering key -> (Lowered, kernel)
-        self.chosen: dict = {}  # tuning key -> config
-        self.pinned: dict | None = None
-        self.tuned: dict = {}  # the last tuning session's numbers
+        self.names = {id(s): lower.names_in(s) for s in self.loops}  # what each grid's text depends on
+        self.lowered, self.chosen, self.pinned, self.tuned = {}, {}, None, {}
 
     def __repr__(self) -> str:
         return f"<deuteron tile program {self.name} from {self.program.filename}>"
 
-    # ---- calls ---------------------------------------------------------------------------------
     def __call__(self, *args, config: dict | None = None, eager: bool | None = None, **kwargs):
         """Run on torch tensors; eager=True (or DEUTERON_EAGER=1) runs the eager oracle instead."""
-        if eager or (eager is None and flag("DEUTERON_EAGER")):
+        if eager or eager is None and flag("DEUTERON_EAGER"):
             return self.eager(*args, **kwargs)
         result, plan = self.plan(args, kwargs, config or self.config(*args, **kwargs))
         for launch in plan:
@@ -127,18 +117,16 @@ class TileFunction:
         return result
 
     def eager(self, *args, **kwargs):
-        """The tile program run by torch with whole slices as tiles: the oracle."""
+        """The tile program run by torch, each tile a whole slice: the oracle."""
         return lang.Interp(self.program.defs, device_of(args, kwargs)).call(self.defn, args, kwargs)
 
     def source(self, *args, config: dict | None = None, **kwargs) -> str:
         """The generated `.nk` text of this call's kernels."""
-        plan = self.plan(args, kwargs, config or self.config(*args, **kwargs))[1]
-        return "\n".join(launch.low.text for launch in plan)
+        return "\n".join(launch.low.text for launch in self.plan(args, kwargs, config or self.config(*args, **kwargs))[1])
 
     def plan(self, args, kwargs, config: dict, poison: bool = False):
         """Run the host code: (the result, the launches it makes), nothing launched yet."""
-        launches = []
-        interp = lang.Interp(self.program.defs, device_of(args, kwargs), None, config, poison)
+        launches, interp = [], lang.Interp(self.program.defs, device_of(args, kwargs), None, config, poison)
 
         def grid(loop, env):
             low, kernel = self.lower(loop, env, config, interp)
@@ -149,59 +137,54 @@ class TileFunction:
         return interp.call(self.defn, args, kwargs), launches
 
     def lower(self, loop: A.For, env: dict, config: dict, interp: lang.Interp):
-        names = self.names[id(loop)]
-        host = tuple((n, facts(env[n], n in self.constexprs)) for n in sorted(names) if n in env)
+        host = tuple((n, facts(env[n], n in self.constexprs)) for n in sorted(self.names[id(loop)]) if n in env)
         bounds = {}
-        for s in [loop, *(s for s in iter_loops(loop.body))]:
+        for s in [loop, *lower_loops(loop.body)]:
             for arg in s.iter.args:
                 try:
                     bounds[id(arg)] = size_facts(interp.expr(arg, env))
                 except (NkError, TypeError, ValueError, AttributeError):
-                    pass  # a bound computed in the kernel (tm.end): its mask stays
+                    pass  # a bound the kernel computes (tm.end): its mask stays
         key = (id(loop), tuple(sorted((k, str(v)) for k, v in config.items())), host, tuple(sorted(bounds.items())))
-        hit = self.lowered.get(key)
-        if hit is None:
+        if key not in self.lowered:
             name = self.name if len(self.loops) == 1 else f"{self.name}_{self.loops.index(loop)}"
             low = lower.Lower(self.defn, self.program.ast, dict(host), bounds, config, name, self.taken).lower(loop)
             with _lock:
-                mod = _modules.get(low.text)
-                if mod is None:
+                if low.text not in _modules:
                     try:
-                        mod = _modules[low.text] = newtc.compile(low.text, low.file)
+                        _modules[low.text] = newtc.compile(low.text, low.file)
                     except NkError as e:
                         raise low.remap(e) from None
-            hit = self.lowered[key] = low, getattr(mod, low.name)
-        return hit
+            self.lowered[key] = low, getattr(_modules[low.text], low.name)
+        return self.lowered[key]
 
-    # ---- configs -------------------------------------------------------------------------------
     def space(self, *args, **kwargs) -> search.Space:
-        """The search space of this specialization, derived from what the lowering saw."""
-        plan = self.plan(args, kwargs, {})[1]
+        """The search space of this specialization, derived from what the lowering sees."""
         it = lang.Interp(self.program.defs, device_of(args, kwargs))
         tunables = {p.name: it.expr(p.default, {}) for p in self.defn.params if lang.is_tunable(p)}
-        return search.Space.derive([launch.low.info for launch in plan], tunables)
+        return search.Space.derive([launch.low.info for launch in self.plan(args, kwargs, {})[1]], tunables)
 
     def pin(self, config: dict | None) -> None:
         """Use this config for every call (None: back to tuning)."""
         self.pinned = config
 
     def config(self, *args, **kwargs) -> dict:
-        """The config a call with these arguments uses: pinned, stored, or tuned now (CUDA tensors only)."""
+        """The config of a call: pinned, chosen before, stored on disk, or tuned now (CUDA tensors only; the
+        default config on the CPU or under DEUTERON_AUTOTUNE=0)."""
         if self.pinned is not None:
             return self.pinned
         if device_of(args, kwargs).type != "cuda":
             return self.space(*args, **kwargs).default()
         key = store.key(self, args, kwargs)
         tag = store.digest(key)
-        config = self.chosen.get(tag)
-        if config is None:
+        if tag not in self.chosen:
             space = self.space(*args, **kwargs)
             config = store.load(key, space)
             if config is None:
-                autotune = os.environ.get("DEUTERON_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
-                config = self.tune(*args, **kwargs) if autotune else space.default()
+                off = os.environ.get("DEUTERON_AUTOTUNE", "1").strip().lower() in ("0", "false", "no", "off")
+                config = space.default() if off else self.tune(*args, **kwargs)
             self.chosen[tag] = config
-        return config
+        return self.chosen[tag]
 
     def tune(self, *args, effort: str = "quick", budget: float | None = None, **kwargs) -> dict:
         """Autotune for these arguments (CUDA tensors), store the winner and return it; `self.tuned` keeps the
@@ -217,28 +200,11 @@ class TileFunction:
         return config
 
 
-def iter_loops(stmts):
+def lower_loops(stmts):
     """The tile loops nested in these statements."""
     for s in stmts:
-        if lang.is_tiles(s):
-            yield s
-        for body in (getattr(s, "body", None), getattr(s, "orelse", None)):
-            if body:
-                yield from iter_loops(body)
-
-
-def device_of(args, kwargs) -> torch.device:
-    return next((a.device for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)), torch.device("cpu"))
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def programs(device: torch.device) -> int:
-    """How many programs a persistent launch starts: one per SM (4 in the interpreter)."""
-    return _sm_count(device.index or 0) if device.type == "cuda" else 4
+        yield from [s] if lang.is_tiles(s) else []
+        yield from lower_loops(getattr(s, "body", []) + getattr(s, "orelse", []))
 
 
 def load(path) -> Program:
