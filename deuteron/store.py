@@ -1,8 +1,7 @@
-"""Tuned configs on disk: one JSON file per key, written atomically, never trusted blindly.
-
-The key is the tile program's text (with the file's helpers), the specialization (dtypes, shape bucket: the next
-power of two per dimension, 16-byte alignment, unit strides), the GPU's name and the newt and deuteron versions.
-An entry that does not parse, names another key or holds a config outside today's space reads as a miss.
+"""Tuned configs on disk: a JSON file per key, written atomically. The key is the tile program's text (and the
+file's helpers), the specialization (dtypes, shape bucket: the next power of two per dimension, 16-byte
+alignment, unit strides), the GPU's name and the newt and deuteron versions. An entry that does not parse, names
+another key or holds a config outside today's space reads as a miss: the program is tuned again.
 """
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ import hashlib
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -35,7 +35,7 @@ def arg_key(a):
 
 
 def key(fn, args, kwargs) -> dict:
-    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    device = next((a.device for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)), None)
     gpu = torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else "cpu"
     return {"program": fn.name, "text": fn.hash, "args": [arg_key(a) for a in args],
             "kwargs": {k: arg_key(v) for k, v in sorted(kwargs.items())}, "gpu": gpu,
@@ -62,7 +62,7 @@ def load(k: dict, space) -> dict | None:
 
 
 def save(k: dict, config: dict, **info) -> None:
-    """Write atomically: a reader sees the old entry or the whole new one; concurrent writers each replace it whole."""
+    """Readers see the old entry or the whole new one; concurrent writers each replace it whole."""
     target, tmp = path(k), None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +70,8 @@ def save(k: dict, config: dict, **info) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump({"key": k, "config": config, **info}, f, indent=1, sort_keys=True)
         os.replace(tmp, target)
-    except OSError:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+    except OSError as e:
+        with contextlib.suppress(OSError, TypeError):
+            os.unlink(tmp)
+        warnings.warn(f"deuteron: cannot store the tuned config in {target.parent} ({e}); set DEUTERON_CACHE_DIR",
+                      RuntimeWarning, stacklevel=3)

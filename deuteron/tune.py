@@ -12,7 +12,7 @@ import statistics
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent import futures
 
 import torch
 
@@ -21,7 +21,7 @@ from newtc.errors import NkError
 
 from . import search
 
-TIMEOUT, START = 30.0, 300.0  # seconds for a candidate (then it is a hang) and for a worker to start
+TIMEOUT, START, COMPILE = 30.0, 300.0, 60.0  # seconds for a candidate (then a hang), a worker's start, a compile
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 4e-2, torch.float32: 2e-3, torch.float64: 1e-6}
 
 
@@ -189,7 +189,7 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
                              if i != first and torch.cuda.get_device_name(i) == name]  # alike GPUs time alike
         host = [a.detach().cpu() if isinstance(a, torch.Tensor) else a for a in args]
         pool, arch = Pool((fn.program.ast.source, fn.program.filename, fn.name, host, kwargs), devices), driver.arch(first)
-    compiler, rejected, best = ThreadPoolExecutor(max(2, os.cpu_count() or 2)), {}, [float("inf")]
+    compiler, rejected, best = futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2)), {}, [float("inf")]
     try:
         from tqdm import tqdm
         bar = tqdm(desc=f"deuteron {fn.name}", unit=" configs", file=sys.stderr, leave=False)
@@ -206,7 +206,9 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
 
         def ready():
             try:
-                future.result()
+                future.result(timeout=COMPILE)
+            except futures.TimeoutError:
+                return f"error: the compile took over {COMPILE:.0f} s"
             except Exception as e:  # noqa: BLE001 - any failure to compile rejects this candidate only
                 return f"error: {e.render(color=False) if isinstance(e, NkError) else repr(e)}"
         return ready

@@ -209,6 +209,6 @@ def test_command_emits_later_stages(capsys):
 
 def test_command_errors(capsys):
     rc, out, err = run(capsys, TILES, "--sig", "x=f32[4]")
-    assert rc == 1 and "pick one with -k" in err
+    assert rc == 1 and "pick a tile program" in err and "softmax" in err
     rc, out, err = run(capsys, TILES, "-k", "softmax", "--sig", "x=f32[4")
     assert rc == 2 and "NAME=DTYPE[SIZES]" in err
