@@ -41,6 +41,15 @@ def facts(v, constexpr: bool):
     return ("I", size_facts(v)) if isinstance(v, int) else ("F",)
 
 
+def signature(args, kwargs) -> tuple:
+    """What the host code and the lowering can see of a call's arguments (not tensor data, not float values)."""
+    def one(a):
+        if isinstance(a, torch.Tensor):
+            return a.dtype, a.shape, a.stride(), a.device, a.data_ptr() % 16 == 0
+        return type(a), None if isinstance(a, float) else a
+    return (*map(one, args), *((k, one(v)) for k, v in kwargs.items()))
+
+
 def device_of(args, kwargs) -> torch.device:
     return next((a.device for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)), torch.device("cpu"))
 
@@ -102,7 +111,7 @@ class TileFunction:
         self.hash = hashlib.sha256(text.encode()).hexdigest()[:16]  # what a stored config is valid for
         self.taken = lower.names_in(program.ast.defs) | {x.name for x in program.ast.defs}
         self.names = {id(s): lower.names_in(s) for s in self.loops}  # what each grid's text depends on
-        self.lowered, self.chosen, self.pinned, self.tuned = {}, {}, None, {}
+        self.lowered, self.fast, self.chosen, self.pinned, self.tuned = {}, {}, {}, None, {}
 
     def __repr__(self) -> str:
         return f"<deuteron tile program {self.name} from {self.program.filename}>"
@@ -127,11 +136,15 @@ class TileFunction:
     def plan(self, args, kwargs, config: dict, poison: bool = False):
         """Run the host code: (the result, the launches it makes), nothing launched yet."""
         launches, interp = [], lang.Interp(self.program.defs, device_of(args, kwargs), None, config, poison)
+        call = (tuple(sorted(config.items())), signature(args, kwargs))  # the same call lowers the same way
 
         def grid(loop, env):
-            low, kernel = self.lower(loop, env, config, interp)
-            meta = {**low.consts, "num_warps": config.get("num_warps", 4), "num_stages": config.get("num_stages", 1)}
-            launches.append(Launch(low, kernel, low.grid_size(env, interp, programs(interp.device)), low.args(env), meta))
+            hit = self.fast.get((id(loop), call))
+            if hit is None:
+                low, kernel = self.lower(loop, env, config, interp)
+                meta = {**low.consts, "num_warps": config.get("num_warps", 4), "num_stages": config.get("num_stages", 1)}
+                hit = self.fast[(id(loop), call)] = low, kernel, low.grid_size(env, interp, programs(interp.device)), meta
+            launches.append(Launch(*hit[:3], hit[0].args(env), hit[3]))
 
         interp.hook = grid
         return interp.call(self.defn, args, kwargs), launches
@@ -173,18 +186,15 @@ class TileFunction:
         default config on the CPU or under DEUTERON_AUTOTUNE=0)."""
         if self.pinned is not None:
             return self.pinned
-        if device_of(args, kwargs).type != "cuda":
-            return self.space(*args, **kwargs).default()
-        key = store.key(self, args, kwargs)
-        tag = store.digest(key)
-        if tag not in self.chosen:
-            space = self.space(*args, **kwargs)
-            config = store.load(key, space)
+        sig = signature(args, kwargs)
+        if sig not in self.chosen:
+            space, key = self.space(*args, **kwargs), store.key(self, args, kwargs)
+            config = store.load(key, space) if device_of(args, kwargs).type == "cuda" else space.default()
             if config is None:
                 off = os.environ.get("DEUTERON_AUTOTUNE", "1").strip().lower() in ("0", "false", "no", "off")
                 config = space.default() if off else self.tune(*args, **kwargs)
-            self.chosen[tag] = config
-        return self.chosen[tag]
+            self.chosen[sig] = config
+        return self.chosen[sig]
 
     def tune(self, *args, effort: str = "quick", budget: float | None = None, **kwargs) -> dict:
         """Autotune for these arguments (CUDA tensors), store the winner and return it; `self.tuned` keeps the
@@ -194,9 +204,8 @@ class TileFunction:
         if effort == "none":
             return space.default()
         config, self.tuned = tune.tune(self, args, kwargs, space, effort, budget)
-        key = store.key(self, args, kwargs)
-        store.save(key, config, **self.tuned)
-        self.chosen[store.digest(key)] = config
+        store.save(store.key(self, args, kwargs), config, **self.tuned)
+        self.chosen[signature(args, kwargs)] = config
         return config
 
 

@@ -48,7 +48,7 @@ class Space:
         for name, options in tunables.items():
             choices[name], defaults[name] = list(options), options[0]
         space = Space(choices, values)
-        space.defaults = space.shrink(defaults)
+        space.defaults = space.shrink({k: defaults[k] for k in choices})
         return space
 
     def elements(self, config: dict, shape: tuple) -> int:
