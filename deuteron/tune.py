@@ -100,6 +100,9 @@ def worker(conn, device: int, setup) -> None:
             return conn.send(("fatal", f"{type(e).__name__}: {e}"))
 
 
+_hide_main = threading.Lock()
+
+
 class Pool:
     """A worker process per device, each driven by a thread; a faulting, dead or hung worker is replaced."""
 
@@ -110,7 +113,16 @@ class Pool:
     def start(self, device):
         conn, child = self.ctx.Pipe()
         proc = self.ctx.Process(target=self.target, args=(child, device, self.setup), daemon=True)
-        proc.start()
+        main = sys.modules["__main__"]
+        with _hide_main:  # spawn would run the caller's script again in the child (as __mp_main__)
+            saved = main.__dict__.pop("__file__", None), getattr(main, "__spec__", None)
+            main.__spec__ = None
+            try:
+                proc.start()
+            finally:
+                main.__spec__ = saved[1]
+                if saved[0] is not None:
+                    main.__file__ = saved[0]
         child.close()
         self.started += 1
         kind, why = conn.recv() if conn.poll(START) else ("error", "no answer")

@@ -4,6 +4,8 @@
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -110,6 +112,26 @@ def test_faults_reject_a_candidate_and_the_worker_is_replaced():
     assert "hang" in results[3][1] and "wrong" in results[4][1] and "ILLEGAL_ADDRESS" in results[5][1]
     assert all(ms in (1.5, 2.5) for ms, _ in again)  # the session goes on
     assert pool.started >= 5  # two workers, three replaced
+
+
+SCRIPT = """\
+import sys
+sys.path[:0] = [{root!r}, {tests!r}]
+from deuteron.tune import Pool
+from test_deuteron_tune import fake_worker
+print("started", flush=True)
+pool = Pool(None, [0], target=fake_worker)
+print(pool.map([(lambda: None, ({{"mode": "ok"}}, False))]))
+pool.close()
+"""
+
+
+def test_workers_do_not_run_the_callers_script_again(tmp_path):
+    script = tmp_path / "script.py"  # top-level code, no `if __name__ == "__main__"` guard
+    script.write_text(SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests")))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["started", "[(1.5, None)]"]
 
 
 def test_a_failed_compile_never_reaches_a_worker():
