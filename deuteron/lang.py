@@ -29,18 +29,11 @@ ATOMICS = {"atomic_add": torch.add, "atomic_max": torch.maximum, "atomic_min": t
 
 
 class Tile(NamedTuple):
-    """A tile of the oracle: the whole range [begin, end)."""
+    """A tile of the oracle: the whole range [0, size)."""
     begin: int
     end: int
-    device: torch.device
-
-    @property
-    def size(self) -> int:
-        return self.end - self.begin
-
-    @property
-    def index(self) -> torch.Tensor:
-        return torch.arange(self.begin, self.end, dtype=torch.int32, device=self.device)
+    size: int
+    index: torch.Tensor
 
 
 class Grid(NamedTuple):
@@ -155,7 +148,8 @@ class Interp:
             raise NkError("a loop goes over tiles(...) with a name per dimension, or over range(...)", s.iter.span)
         args = [self.expr(a, env) for a in s.iter.args]
         ranges = [range(*map(int, args))] if kind != "tiles" else \
-            [range(a.n) if isinstance(a, Grid) else [Tile(0, int(a), self.device)] for a in args]
+            [range(a.n) if isinstance(a, Grid) else [Tile(0, int(a), int(a), torch.arange(int(a), device=self.device).int())]
+             for a in args]
         self.depth += kind == "tiles"
         try:
             for values in itertools.product(*ranges):
@@ -173,11 +167,10 @@ class Interp:
 
     e_Const = e_Str = e_Num
 
-    def e_TupleExpr(self, e, env):
-        return tuple(self.expr(x, env) for x in e.items)
-
     def e_ListExpr(self, e, env):
-        return [self.expr(x, env) for x in e.items]
+        return (list if isinstance(e, A.ListExpr) else tuple)(self.expr(x, env) for x in e.items)
+
+    e_TupleExpr = e_ListExpr
 
     def e_Name(self, e, env):
         for scope in (env, CONSTANTS):
@@ -272,13 +265,10 @@ def _math(name):
 def _reduce(name):
     def run(it, x, axis=None, keep_dims=False):
         x = x.int() if name == "sum" and x.dtype == torch.bool else x
-        if name.startswith("arg"):
-            r = getattr(x.flatten() if axis is None else x, name)(0 if axis is None else axis).int()
-        else:
-            r = getattr(x, {"max": "amax", "min": "amin"}.get(name, name))(tuple(range(x.dim())) if axis is None else axis)
-        if keep_dims:
-            r = r.reshape([1] * x.dim()) if axis is None else r.unsqueeze(axis)
-        return r
+        flat, method = x.flatten() if axis is None else x, {"max": "amax", "min": "amin"}.get(name, name)
+        r = getattr(flat, method)(0 if axis is None else axis)
+        r = r.int() if name.startswith("arg") else r
+        return (r.reshape([1] * x.dim()) if axis is None else r.unsqueeze(axis)) if keep_dims else r
     return run
 
 

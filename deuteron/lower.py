@@ -330,23 +330,23 @@ class Lower:
 
     e_Const = e_Str = e_Num
 
-    def e_TupleExpr(self, e):
-        return E(f"({', '.join(self.expr(x).text for x in e.items)}{',' if len(e.items) == 1 else ''})")
-
     def e_ListExpr(self, e):
-        return E(f"[{', '.join(self.expr(x).text for x in e.items)}]")
+        items = ", ".join(self.expr(x).text for x in e.items)
+        return E(f"[{items}]" if isinstance(e, A.ListExpr) else f"({items}{',' if len(e.items) == 1 else ''})")
+
+    e_TupleExpr = e_ListExpr
 
     def e_Name(self, e):
         v = self.env.get(e.id)
         if v is not None:
             return E(e.id, (v.dim,)) if isinstance(v, TileVar) else v
-        kind, value = self.facts.get(e.id, ("", None))[0], self.facts.get(e.id, (None,))[-1]
-        if kind in ("T", "I", "F"):
+        fact = self.facts.get(e.id, ("",))
+        if fact[0] == "C":  # a host bool, string, dtype or None: a literal
+            return E(fact[1].name if isinstance(fact[1], DType) else repr(fact[1]))
+        if fact[0] == "K":
+            self.consts[e.id] = fact[1]
+        elif fact[0]:
             self.params[e.id] = ("value", e.id)
-        elif kind == "K":
-            self.consts[e.id] = value
-        elif kind == "C":
-            return E(value.name if isinstance(value, DType) else repr(value))
         return E(e.id)  # a parameter, or a builtin, helper or constant such as f32 or inf
 
     def host_tensor(self, e) -> str | None:

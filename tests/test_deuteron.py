@@ -114,6 +114,25 @@ def test_reductions_mask_ragged_dims_with_their_identity(prog):
     assert "sum(where(r0[None, :] < x_size1, num, 0), axis=1)" in text
 
 
+def test_index_reductions_and_kept_dims():
+    src = """\
+tile rowstats(x):
+    idx = empty([x.shape[0]], i32)
+    top = empty([x.shape[0], 1], f32)
+    for tm in tiles(x.shape[0]):
+        v = x[tm, :]
+        idx[tm] = argmax(v, axis=1)
+        top[tm, :] = max(v, axis=1, keep_dims=True) - min(v, axis=1, keep_dims=True)
+    return idx, top
+"""
+    fn = deuteron.compile(src, "rowstats.nk").rowstats
+    x = -rand(37, 100).abs()  # all negative: padding that is not masked away would win the max
+    want = (torch.argmax(x, 1).int(), x.amax(1, keepdim=True) - x.amin(1, keepdim=True))
+    for got in (fn(x, eager=True), fn(x, config=dict(block_tm=8))):
+        assert torch.equal(got[0], want[0])
+        close(got[1], want[1], x.dtype)
+
+
 BAD = """\
 tile shift(x):
     out = empty_like(x)
