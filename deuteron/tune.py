@@ -202,6 +202,7 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
         host = [a.detach().cpu() if isinstance(a, torch.Tensor) else a for a in args]
         pool, arch = Pool((fn.program.ast.source, fn.program.filename, fn.name, host, kwargs), devices), driver.arch(first)
     compiler, rejected, best = futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2)), {}, [float("inf")]
+    deadline = begin + (search.EFFORT[effort][2] if budget is None else budget)
     try:
         from tqdm import tqdm
         bar = tqdm(desc=f"deuteron {fn.name}", unit=" configs", file=sys.stderr, leave=False)
@@ -217,10 +218,10 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
         future = compiler.submit(lambda: [launch.kernel.binary(launch.args, launch.meta, arch) for launch in plan])
 
         def ready():
-            try:
-                future.result(timeout=COMPILE)
+            try:  # a compile still running well past the budget is not waited for
+                future.result(timeout=max(1.0, min(COMPILE, deadline + 5 - time.monotonic())))
             except futures.TimeoutError:
-                return f"error: the compile took over {COMPILE:.0f} s"
+                return "error: the compile took too long"
             except Exception as e:  # noqa: BLE001 - any failure to compile rejects this candidate only
                 return f"error: {e.render(color=False) if isinstance(e, NkError) else repr(e)}"
         return ready
