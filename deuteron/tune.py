@@ -94,10 +94,12 @@ def worker(conn, device: int, setup) -> None:
     while (job := conn.recv()) is not None:
         try:
             conn.send(("ok", session.run(*job)))
-        except (Wrong, NkError) as e:
-            conn.send(("wrong" if isinstance(e, Wrong) else "error", str(e)))
-        except BaseException as e:  # a CUDA fault poisons this process's context: leave, to be replaced
-            return conn.send(("fatal", f"{type(e).__name__}: {e}"))
+        except BaseException as e:  # a CUDA error may leave this process's context damaged: leave, to be replaced
+            kind = "wrong" if isinstance(e, Wrong) else "error" if isinstance(e, NkError) and not \
+                isinstance(e, driver.CudaError) else "fatal"
+            conn.send((kind, str(e) if kind != "fatal" else f"{type(e).__name__}: {e}"))
+            if kind == "fatal":
+                return
 
 
 _hide_main = threading.Lock()

@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -146,6 +147,39 @@ def test_a_failed_compile_never_reaches_a_worker():
 def test_a_broken_oracle_ends_tuning_with_its_error():
     with pytest.raises(NkError, match="the oracle raised"):
         Pool("broken", [0], target=fake_worker, timeout=2.0).map([(lambda: None, ({"mode": "ok"}, False))])
+
+
+SCALE = """\
+tile scale(x, FACTOR: tunable = [1, 2, 3]):
+    out = empty_like(x)
+    for t in tiles(x.shape[0]):
+        static_assert(FACTOR != 3, "FACTOR 3 does not compile")
+        out[t] = x[t] * FACTOR
+    return out
+"""
+
+
+def test_the_worker_checks_each_candidate_against_the_oracle(monkeypatch):
+    """The real worker loop and Session.run, on the interpreter: CUDA's synchronize and timing stubbed out."""
+    fn, x = deuteron.compile(SCALE, "scale.nk").scale, torch.randn(1000)
+    session = object.__new__(deuteron.tune.Session)
+    session.fn, session.args, session.kwargs, session.flush = fn, [x], {}, None
+    session.want = deuteron.tune.outputs(fn.eager(x), [x])
+    monkeypatch.setattr(deuteron.tune, "Session", lambda setup, device: session)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(deuteron.tune, "time_ms", lambda run, flush, runs: run() and 0.5)
+    conn, child = multiprocessing.Pipe()
+    thread = threading.Thread(target=deuteron.tune.worker, args=(child, 0, None))
+    thread.start()
+    answers = [conn.recv()]
+    for config in [dict(block_t=128, FACTOR=1), dict(block_t=128, FACTOR=2), dict(block_t=128, FACTOR=3),
+                   dict(block_t=0, FACTOR=1)]:
+        conn.send(({**config, "num_warps": 4}, False))
+        answers.append(conn.recv())
+    thread.join(timeout=60)
+    assert [a[0] for a in answers] == ["ready", "ok", "wrong", "error", "fatal"] and answers[1][1] == 0.5
+    assert "differ from the oracle" in answers[2][1] and "FACTOR 3" in answers[3][1]
+    assert not thread.is_alive()  # after a fault the worker leaves, to be replaced
 
 
 def test_check_rejects_wrong_and_unwritten_outputs():
