@@ -83,18 +83,21 @@ class Interp:
         finally:
             self.depth = depth
 
+    def tunables(self, d: A.FuncDef) -> dict:
+        """Each tunable parameter's choices; the oracle and the default config take the first."""
+        out = {p.name: self.expr(p.default, {}) if p.default else None for p in d.params if is_tunable(p)}
+        for p in (p for p in d.params if p.name in out and not (isinstance(out[p.name], list) and out[p.name])):
+            raise NkError(f"tunable '{p.name}' needs a list of choices: {p.name}: tunable = [1, 2]", p.span)
+        return out
+
     def bind(self, d: A.FuncDef, args, kwargs) -> dict:
-        params = [p.name for p in d.params if not is_tunable(p)]
+        tunables = self.tunables(d)
+        params = [p.name for p in d.params if p.name not in tunables]
         if len(args) > len(params) or set(kwargs) - set(params):
             raise NkError(f"{d.name}() takes the arguments ({', '.join(params)})", d.span)
-        env = dict(zip(params, args), **kwargs)
+        env = {**dict(zip(params, args)), **kwargs, **{n: self.config.get(n, c[0]) for n, c in tunables.items()}}
         for p in d.params:
-            if is_tunable(p):  # a config value; the oracle and the default config take the first choice
-                choices = self.expr(p.default, {}) if p.default else None
-                if not isinstance(choices, list) or not choices:
-                    raise NkError(f"tunable '{p.name}' needs a list of choices: {p.name}: tunable = [1, 2]", p.span)
-                env[p.name] = self.config.get(p.name, choices[0])
-            elif p.name not in env:
+            if p.name not in env:
                 if p.default is None:
                     raise NkError(f"{d.name}() is missing argument '{p.name}'", d.span)
                 env[p.name] = self.expr(p.default, env)

@@ -173,8 +173,7 @@ class TileFunction:
 
     def space(self, *args, **kwargs) -> search.Space:
         """The search space of this specialization, derived from what the lowering sees."""
-        it = lang.Interp(self.program.defs, device_of(args, kwargs))
-        tunables = {p.name: it.expr(p.default, {}) for p in self.defn.params if lang.is_tunable(p)}
+        tunables = lang.Interp(self.program.defs, device_of(args, kwargs)).tunables(self.defn)
         return search.Space.derive([launch.low.info for launch in self.plan(args, kwargs, {})[1]], tunables)
 
     def pin(self, config: dict | None) -> None:

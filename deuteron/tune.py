@@ -157,30 +157,23 @@ class Pool:
         return (value, None) if kind == "ok" else (float("inf"), f"{kind}: {value}")
 
     def map(self, jobs: list) -> list:
-        """Runs (ready, job) pairs, where ready() waits for the job's compile and says why it failed, or None."""
-        todo, results, errors = queue.Queue(), [None] * len(jobs), []
-        for item in enumerate(jobs):
-            todo.put(item)
+        """Runs (ready, job) pairs, ready() waiting for the job's compile and saying why it failed, or None."""
+        free = queue.Queue()
+        for device in self.devices:
+            free.put(device)
 
-        def drive(device):
+        def one(item):
+            why = item[0]()
+            if why:
+                return float("inf"), why
+            device = free.get()
             try:
-                while not errors:
-                    i, (ready, job) = todo.get_nowait()
-                    why = ready()
-                    results[i] = (float("inf"), why) if why else self.run_on(device, job)
-            except queue.Empty:
-                pass
-            except NkError as e:  # no worker starts: the session cannot go on
-                errors.append(e)
+                return self.run_on(device, item[1])
+            finally:
+                free.put(device)
 
-        threads = [threading.Thread(target=drive, args=(d,)) for d in self.devices]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        return results
+        with futures.ThreadPoolExecutor(len(self.devices)) as threads:  # an NkError (no worker starts) ends it
+            return list(threads.map(one, jobs))
 
     def close(self):
         for proc, conn in self.procs.values():
