@@ -133,6 +133,28 @@ tile rowstats(x):
         close(got[1], want[1], x.dtype)
 
 
+BMM = """\
+tile bmm(x, y):
+    out = empty([x.shape[0], x.shape[1], y.shape[2]], f32)
+    for b, tm, tn in tiles(grid(x.shape[0]), x.shape[1], y.shape[2]):
+        acc = zeros([tm, tn], f32)
+        for tk in tiles(x.shape[2]):
+            acc += x[b, tm, tk] @ y[b, tk, tn]
+        out[b, tm, tn] = acc
+    return out
+"""
+
+
+@pytest.mark.parametrize("config", [dict(group=1), dict(group=4), dict(group=4, persistent=True)])
+def test_a_batch_index_and_grouped_tiles(config):
+    fn = deuteron.compile(BMM, "bmm.nk").bmm
+    x, y = rand(3, 70, 40), rand(3, 40, 50)
+    config = {**fn.space(x, y).default(), "block_tm": 16, "block_tn": 16, "block_tk": 16, **config}
+    close(fn(x, y, config=config), x @ y, x.dtype)
+    text = fn.source(x, y, config=config)
+    assert ("inner = pid % (n_tm * n_tn)" in text) == (config["group"] > 1) and "b = pid // " in text
+
+
 BAD = """\
 tile shift(x):
     out = empty_like(x)
