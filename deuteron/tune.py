@@ -196,7 +196,7 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
                              if i != first and torch.cuda.get_device_name(i) == name]  # alike GPUs time alike
         host = [a.detach().cpu() if isinstance(a, torch.Tensor) else a for a in args]
         pool, arch = Pool((fn.program.ast.source, fn.program.filename, fn.name, host, kwargs), devices), driver.arch(first)
-    compiler, rejected, best = futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2)), {}, [float("inf")]
+    slots, done, rejected, best = threading.Semaphore(os.cpu_count() or 2), threading.Event(), {}, [float("inf")]
     deadline = begin + (search.EFFORT[effort][2] if budget is None else budget)
     try:
         from tqdm import tqdm
@@ -210,7 +210,16 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
             plan = fn.plan(args, kwargs, config)[1]
         except NkError as e:
             return lambda: f"error: {e.render(color=False)}"
-        future = compiler.submit(lambda: [launch.kernel.binary(launch.args, launch.meta, arch) for launch in plan])
+        future = futures.Future()
+
+        def build():  # in a daemon thread: a compile still running when the session ends does not hold up the exit
+            with slots:
+                if not done.is_set() and future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result([launch.kernel.binary(launch.args, launch.meta, arch) for launch in plan])
+                    except BaseException as e:
+                        future.set_exception(e)
+        threading.Thread(target=build, daemon=True).start()
 
         def ready():
             try:  # a compile still running well past the budget is not waited for
@@ -236,7 +245,7 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
         if bar is not None:
             bar.close()
         pool.close()
-        compiler.shutdown(wait=False, cancel_futures=True)
+        done.set()
     info = {"ms": min(t[1] for t in tried.values()), "tried": len(tried), "rejected": len(rejected),
             "seconds": time.monotonic() - begin}
     if info["ms"] == float("inf"):
