@@ -228,13 +228,10 @@ class Lower:
         out = [f"# deuteron: tile {self.fn.name} ({short}:{self.fn.span.line}), config {json.dumps(self.config, default=str)}"]
         linemap = {}
         defs = {d.name: d for d in self.module.defs if d.kind == "def"}
-        used, todo = set(), [n for n in self.called if n in defs]
-        while todo:  # the helpers called, directly or through each other, as written
-            n = todo.pop()
-            if n not in used:
-                used.add(n)
-                todo += [m for m in names_in(defs[n].body) if m in defs]
-        for d in (d for d in defs.values() if d.name in used):
+        used = self.called & set(defs)
+        while more := {m for n in used for m in names_in(defs[n].body) if m in defs} - used:  # helpers' helpers
+            used |= more
+        for d in (d for d in defs.values() if d.name in used):  # as written
             for k in range(d.span.line, d.span.end_line + 1):
                 out.append(src[k - 1])
                 linemap[len(out)] = Span(file, k, 1)

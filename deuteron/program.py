@@ -94,17 +94,18 @@ class Program:
         raise AttributeError(f"{self.__dict__.get('filename')} has no tile program '{name}'")
 
 
-def grids(stmts) -> list:
-    """The launch grids among these statements: tile loops outside tile loops, in program order."""
+def tile_loops(stmts, nested: bool) -> list:
+    """The tile loops among these statements in program order: the launch grids, or (nested) all of them."""
     out = []
     for s in stmts:
-        out += [s] if lang.is_tiles(s) else grids(getattr(s, "body", []) + getattr(s, "orelse", []))
+        inner = getattr(s, "body", []) + getattr(s, "orelse", [])
+        out += [s] + (tile_loops(inner, True) if nested else []) if lang.is_tiles(s) else tile_loops(inner, nested)
     return out
 
 
 class TileFunction:
     def __init__(self, program: Program, d: A.FuncDef):
-        self.program, self.defn, self.name, self.loops = program, d, d.name, grids(d.body)
+        self.program, self.defn, self.name, self.loops = program, d, d.name, tile_loops(d.body, False)
         self.constexprs = {p.name for p in d.params if lang.is_tunable(p) or lang.is_constexpr_annot(p.annotation)}
         lines = program.ast.source.splitlines()
         text = "\n".join("\n".join(lines[x.span.line - 1:x.span.end_line]) for x in [d, *program.defs.values()])
@@ -152,7 +153,7 @@ class TileFunction:
     def lower(self, loop: A.For, env: dict, config: dict, interp: lang.Interp):
         host = tuple((n, facts(env[n], n in self.constexprs)) for n in sorted(self.names[id(loop)]) if n in env)
         bounds = {}
-        for s in [loop, *lower_loops(loop.body)]:
+        for s in tile_loops([loop], True):
             for arg in s.iter.args:
                 try:
                     bounds[id(arg)] = size_facts(interp.expr(arg, env))
@@ -206,13 +207,6 @@ class TileFunction:
         store.save(store.key(self, args, kwargs), config, **self.tuned)
         self.chosen[signature(args, kwargs)] = config
         return config
-
-
-def lower_loops(stmts):
-    """The tile loops nested in these statements."""
-    for s in stmts:
-        yield from [s] if lang.is_tiles(s) else []
-        yield from lower_loops(getattr(s, "body", []) + getattr(s, "orelse", []))
 
 
 def load(path) -> Program:
