@@ -155,6 +155,22 @@ def test_a_batch_index_and_grouped_tiles(config):
     assert ("inner = pid % (n_tm * n_tn)" in text) == (config["group"] > 1) and "b = pid // " in text
 
 
+def test_strided_operands_and_a_scalar_atomic(prog):
+    x, y = rand(37, 70), rand(45, 70).t()  # y's unit stride is along its first dimension
+    config = dict(block_tm=16, block_tn=16, block_tk=16)
+    close(prog.matmul(x, y, config=config), x @ y, x.dtype)
+    assert "y + tk[:, None] + tn[None, :] * y_stride1" in prog.matmul.source(x, y, config=config)
+    total = deuteron.compile("""\
+tile total(x):
+    out = zeros([1], f32)
+    for t in tiles(x.shape[0]):
+        atomic_add(out[0], sum(x[t], axis=0))
+    return out
+""", "total.nk").total
+    v = rand(1000)
+    close(total(v, config=dict(block_t=64)), v.sum().reshape(1), v.dtype)
+
+
 BAD = """\
 tile shift(x):
     out = empty_like(x)
