@@ -1,0 +1,312 @@
+"""Tile programs run by torch: the host code of every call, and the eager oracle.
+
+Host statements (allocations, sizes, `return`) always run here. A `for` over `tiles(...)` outside any other
+tile loop is a launch grid: the compiled path hands it to `hook` (lowering, launch); without a hook its body
+runs here with each tile a whole slice and each `grid(n)` index a Python loop: the oracle.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+from typing import NamedTuple
+
+import torch
+
+from newtc import ast as A
+from newtc.check import fold, is_constexpr_annot
+from newtc.errors import NkError
+from newtc.types import DTYPES
+
+TORCH = {"bool": torch.bool, "i8": torch.int8, "i16": torch.int16, "i32": torch.int32, "i64": torch.int64,
+         "u8": torch.uint8, "f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
+DTYPE_OF = {t: DTYPES[n] for n, t in TORCH.items()}
+CONSTANTS = {"inf": math.inf, "nan": math.nan, **DTYPES}
+OPS = {op: getattr(operator, name) for op, name in [
+    ("+", "add"), ("-", "sub"), ("*", "mul"), ("/", "truediv"), ("<<", "lshift"), (">>", "rshift"), ("&", "and_"),
+    ("|", "or_"), ("^", "xor"), ("<", "lt"), ("<=", "le"), (">", "gt"), (">=", "ge"), ("==", "eq"), ("!=", "ne")]}
+ATOMICS = {"atomic_add": torch.add, "atomic_max": torch.maximum, "atomic_min": torch.minimum}
+
+
+class Tile(NamedTuple):
+    """A tile of the oracle: the whole range [0, size)."""
+    begin: int
+    end: int
+    size: int
+    index: torch.Tensor
+
+
+class Grid(NamedTuple):
+    """`grid(n)` in a tile loop's header: a scalar index per program instead of a tile."""
+    n: int
+
+
+class _Return(Exception):
+    def __init__(self, value):
+        self.value = value
+
+
+def is_tiles(s) -> bool:
+    return isinstance(s, A.For) and isinstance(s.iter, A.Call) and getattr(s.iter.func, "id", None) == "tiles"
+
+
+def is_tunable(p: A.Param) -> bool:
+    return isinstance(p.annotation, A.Name) and p.annotation.id == "tunable"
+
+
+def literal(e):
+    """A number, a negated number, True, False or None where only a literal may stand."""
+    if isinstance(e, (A.Num, A.Const)):
+        return e.value
+    if isinstance(e, A.UnaryOp) and e.op == "-" and isinstance(e.operand, A.Num):
+        return -e.operand.value
+    raise NkError("expected a literal here", e.span)
+
+
+def tensor(x, device):
+    return x if isinstance(x, torch.Tensor) else torch.tensor(x, device=device)
+
+
+class Interp:
+    """Evaluates a tile program: `config` holds tunable values; `poison` fills `empty` outputs with NaN (or -1)."""
+
+    def __init__(self, defs: dict, device, hook=None, config=None, poison=False):
+        self.defs, self.device, self.hook, self.config, self.poison = defs, device, hook, config or {}, poison
+        self.depth = 0  # enclosing tile loops
+
+    def call(self, d: A.FuncDef, args, kwargs):
+        env, depth, self.depth = self.bind(d, args, kwargs), self.depth, 0
+        try:
+            self.block(d.body, env)
+        except _Return as r:
+            return r.value
+        finally:
+            self.depth = depth
+
+    def tunables(self, d: A.FuncDef) -> dict:
+        """Each tunable parameter's choices; the oracle and the default config take the first."""
+        out = {p.name: self.expr(p.default, {}) if p.default else None for p in d.params if is_tunable(p)}
+        for p in (p for p in d.params if p.name in out and not (isinstance(out[p.name], list) and out[p.name])):
+            raise NkError(f"tunable '{p.name}' needs a list of choices: {p.name}: tunable = [1, 2]", p.span)
+        return out
+
+    def bind(self, d: A.FuncDef, args, kwargs) -> dict:
+        tunables = self.tunables(d)
+        params = [p.name for p in d.params if p.name not in tunables]
+        if len(args) > len(params) or set(kwargs) - set(params):
+            raise NkError(f"{d.name}() takes the arguments ({', '.join(params)})", d.span)
+        env = {**dict(zip(params, args)), **kwargs, **{n: self.config.get(n, c[0]) for n, c in tunables.items()}}
+        for p in d.params:
+            if p.name not in env:
+                if p.default is None:
+                    raise NkError(f"{d.name}() is missing argument '{p.name}'", d.span)
+                env[p.name] = self.expr(p.default, env)
+            elif is_constexpr_annot(p.annotation) and isinstance(env[p.name], torch.Tensor):
+                raise NkError(f"'{p.name}' is a constexpr: pass a number, bool, string or dtype", p.span)
+        return env
+
+    # ---- statements ----------------------------------------------------------------------------
+    def block(self, stmts, env):
+        for s in stmts:
+            getattr(self, "s_" + type(s).__name__)(s, env)
+
+    def s_Pass(self, s, env):
+        pass
+
+    def s_ExprStmt(self, s, env):
+        self.expr(s.value, env)
+
+    def s_Return(self, s, env):
+        if self.depth:
+            raise NkError("`return` belongs to the host code, after the tile loops", s.span)
+        raise _Return(None if s.value is None else self.expr(s.value, env))
+
+    def s_Assign(self, s, env):
+        value = self.expr(s.value, env)
+        values = [value] if len(s.targets) == 1 else value
+        if not isinstance(values, (list, tuple)) or len(values) != len(s.targets):
+            raise NkError(f"cannot unpack into {len(s.targets)} names", s.span)
+        for t, v in zip(s.targets, values):
+            self.assign(t, v, env)
+
+    def s_AugAssign(self, s, env):
+        self.assign(s.target, self.binop(s.op, self.expr(s.target, env), self.expr(s.value, env)), env)
+
+    def assign(self, t, v, env):
+        if isinstance(t, A.Name):
+            env[t.id] = v
+        else:
+            tensor_, index = self.place(t, env)
+            tensor_[index] = v
+
+    def s_If(self, s, env):
+        self.block(s.body if bool(self.expr(s.cond, env)) else s.orelse, env)
+
+    def s_For(self, s, env):
+        kind = getattr(s.iter, "func", None) and getattr(s.iter.func, "id", None)
+        names = [t.id for t in (s.target.items if isinstance(s.target, A.TupleExpr) else [s.target])]
+        if kind == "tiles" and self.depth == 0 and self.hook is not None:
+            return self.hook(s, env)
+        if kind not in ("tiles", "range", "static_range") or kind == "tiles" and len(names) != len(s.iter.args):
+            raise NkError("a loop goes over tiles(...) with a name per dimension, or over range(...)", s.iter.span)
+        args = [self.expr(a, env) for a in s.iter.args]
+        ranges = [range(*map(int, args))] if kind != "tiles" else \
+            [range(a.n) if isinstance(a, Grid) else [Tile(0, int(a), int(a), torch.arange(int(a), device=self.device).int())]
+             for a in args]
+        self.depth += kind == "tiles"
+        try:
+            for values in itertools.product(*ranges):
+                env.update(zip(names, values))
+                self.block(s.body, env)
+        finally:
+            self.depth -= kind == "tiles"
+
+    # ---- expressions ---------------------------------------------------------------------------
+    def expr(self, e, env):
+        return getattr(self, "e_" + type(e).__name__)(e, env)
+
+    def e_Num(self, e, env):
+        return e.value
+
+    e_Const = e_Str = e_Num
+
+    def e_ListExpr(self, e, env):
+        return (list if isinstance(e, A.ListExpr) else tuple)(self.expr(x, env) for x in e.items)
+
+    e_TupleExpr = e_ListExpr
+
+    def e_Name(self, e, env):
+        for scope in (env, CONSTANTS):
+            if e.id in scope:
+                return scope[e.id]
+        if e.id in BUILTINS or e.id in ATOMICS or e.id in self.defs:
+            return e.id
+        raise NkError(f"unknown name '{e.id}'", e.span)
+
+    def e_Attribute(self, e, env):
+        v = self.expr(e.value, env)
+        if isinstance(v, torch.Tensor) and e.attr in ("shape", "dtype"):
+            return tuple(v.shape) if e.attr == "shape" else DTYPE_OF[v.dtype]
+        if isinstance(v, Tile) and e.attr in ("begin", "end", "size", "index"):
+            return getattr(v, e.attr)
+        raise NkError(f"no attribute '{e.attr}' here", e.span)
+
+    def e_Subscript(self, e, env):
+        v = self.expr(e.value, env)
+        if isinstance(v, (tuple, list)):
+            return v[self.expr(e.index[0], env)]
+        t, index = self.place(e, env)
+        return t[index].clone()  # a load copies: a later store to the tensor must not change it
+
+    def place(self, e: A.Subscript, env):
+        """The tensor and torch index of `x[tm, :, i, None]`: a tile is its slice."""
+        t, index = self.expr(e.value, env), []
+        if not isinstance(t, torch.Tensor):
+            raise NkError("only tensors take tile subscripts", e.span)
+        for item in e.index:
+            if isinstance(item, A.Slice):
+                index.append(slice(*(None if x is None else self.expr(x, env) for x in (item.lower, item.upper, item.step))))
+            else:
+                v = self.expr(item, env)
+                index.append(slice(v.begin, v.end) if isinstance(v, Tile) else v)
+        return t, tuple(index)
+
+    def e_UnaryOp(self, e, env):
+        v = self.expr(e.operand, env)
+        if isinstance(v, torch.Tensor) and (e.op == "not" or e.op == "~" and v.dtype == torch.bool):
+            return torch.logical_not(v)
+        return {"-": operator.neg, "+": operator.pos, "~": operator.invert, "not": operator.not_}[e.op](v)
+
+    def e_BinOp(self, e, env):
+        a = self.expr(e.left, env)
+        if e.op in ("and", "or") and not isinstance(a, torch.Tensor):  # short-circuit, as in kernels
+            return a if (e.op == "and") != bool(a) else self.expr(e.right, env)
+        return self.binop(e.op, a, self.expr(e.right, env))
+
+    def binop(self, op, a, b):
+        if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
+            return fold(op, a, b)  # host numbers: the language's semantics (C division)
+        if op == "@":
+            return _dot(self, a, b)
+        if op in ("and", "or"):
+            return (torch.logical_and if op == "and" else torch.logical_or)(tensor(a, self.device), tensor(b, self.device))
+        if op == "//":
+            floating = any(isinstance(x, float) or isinstance(x, torch.Tensor) and x.is_floating_point() for x in (a, b))
+            return torch.div(a, b, rounding_mode="floor" if floating else "trunc")
+        return torch.fmod(tensor(a, self.device), b) if op == "%" else OPS[op](a, b)  # C's %: the dividend's sign
+
+    def e_Call(self, e, env):
+        if isinstance(e.func, A.Attribute) and e.func.attr == "to":
+            return tensor(self.expr(e.func.value, env), self.device).to(TORCH[self.expr(e.args[0], env).name])
+        f = self.expr(e.func, env)
+        if f in ATOMICS:  # the first argument is a place
+            t, index = self.place(e.args[0], env)
+            t[index] = ATOMICS[f](t[index], self.expr(e.args[1], env))
+            return None
+        args, kwargs = [self.expr(a, env) for a in e.args], {k: self.expr(v, env) for k, v in e.kwargs}
+        if f in self.defs:
+            return self.call(self.defs[f], args, kwargs)
+        if f not in BUILTINS:
+            raise NkError(f"{f}() is not supported in tile programs" if isinstance(f, str) else "not callable", e.span)
+        try:
+            return BUILTINS[f](self, *args, **kwargs)
+        except TypeError as err:
+            raise NkError(f"{f}(): {err}", e.span) from None
+
+    def shape(self, shape) -> list:
+        return [s.size if isinstance(s, Tile) else int(s) for s in (shape if isinstance(shape, (list, tuple)) else [shape])]
+
+
+def _math(name):
+    def run(it, x):
+        if isinstance(x, torch.Tensor):
+            return getattr(torch, name)(x if x.is_floating_point() else x.float())
+        return float(getattr(torch, name)(torch.tensor(float(x), dtype=torch.float64)))  # host math stays a number
+    return run
+
+
+def _reduce(name):
+    def run(it, x, axis=None, keep_dims=False):
+        x = x.int() if name == "sum" and x.dtype == torch.bool else x
+        flat, method = x.flatten() if axis is None else x, {"max": "amax", "min": "amin"}.get(name, name)
+        r = getattr(flat, method)(0 if axis is None else axis)
+        r = r.int() if name.startswith("arg") else r
+        return (r.reshape([1] * x.dim()) if axis is None else r.unsqueeze(axis)) if keep_dims else r
+    return run
+
+
+def _dot(it, a, b, acc=None):
+    """In f32 (f64 for f64 inputs), or acc's dtype, as newt's dot."""
+    wide = torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32
+    out = torch.matmul(a.to(wide), b.to(wide))
+    return out if acc is None else (acc + out).to(acc.dtype)
+
+
+def _empty(it, shape, dtype=DTYPES["f32"]):
+    t = torch.empty(it.shape(shape), dtype=TORCH[dtype.name], device=it.device)
+    return t.fill_(float("nan") if t.is_floating_point() else -1) if it.poison else t  # to see what is never written
+
+
+def _full(it, shape, value, dtype=DTYPES["f32"]):
+    return torch.full(it.shape(shape), value, dtype=TORCH[dtype.name], device=it.device)
+
+
+def _static_assert(it, cond, msg=""):
+    if not cond:
+        raise NkError(f"static_assert failed{': ' + msg if msg else ''}")
+
+
+BUILTINS = {
+    **{n: _math(n) for n in "exp exp2 log log2 sqrt rsqrt sin cos tanh sigmoid erf floor ceil abs".split()},
+    **{n: _reduce(n) for n in ("sum", "max", "min", "argmax", "argmin")},
+    "dot": _dot, "empty": _empty, "full": _full, "static_assert": _static_assert, "print": lambda it, *v: print(*v),
+    "zeros": lambda it, shape, dtype=DTYPES["f32"]: _full(it, shape, 0, dtype),
+    "empty_like": lambda it, x: _empty(it, x.shape, DTYPE_OF[x.dtype]),
+    "minimum": lambda it, a, b: torch.fmin(tensor(a, it.device), tensor(b, it.device)),
+    "maximum": lambda it, a, b: torch.fmax(tensor(a, it.device), tensor(b, it.device)),
+    "where": lambda it, c, a, b: torch.where(tensor(c, it.device), a, b),
+    "cdiv": lambda it, a, b: it.binop("//", it.binop("+", a, b - 1), b),
+    "fma": lambda it, a, b, c: a * b + c,
+    "trans": lambda it, x, *dims: x.permute(*(dims or reversed(range(x.dim())))),
+    "grid": lambda it, n: Grid(int(n)),
+}

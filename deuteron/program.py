@@ -1,0 +1,217 @@
+"""Tile programs as Python callables: the host code, lowering on a miss, launch, and the config to use.
+
+    prog = deuteron.load("examples/tiles.nk")
+    out = prog.matmul(x, y)                       # tuned once per shape bucket, then from the disk store
+    print(prog.matmul.source(x, y, config=cfg))   # the generated .nk
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+import newtc
+from newtc import ast as A
+from newtc.errors import NkError, flag
+from newtc.jit import parsed
+
+from . import lang, lower, search, store
+
+_modules, _lock = {}, threading.Lock()  # generated text -> newt Module: equal text compiles and loads once
+
+
+def size_facts(n) -> tuple:
+    """What a size proves: its whole block (the next power of two) and the power of two dividing it."""
+    n = int(n)
+    return 1 << max(0, (n - 1).bit_length()), n & -n
+
+
+def facts(v, constexpr: bool):
+    """The part of a host value that the generated text depends on."""
+    if isinstance(v, torch.Tensor):
+        if v.dtype not in lang.DTYPE_OF:
+            raise NkError(f"tensors of {v.dtype} are not supported")
+        return "T", lang.DTYPE_OF[v.dtype].name, tuple((*size_facts(s), st == 1) for s, st in zip(v.shape, v.stride()))
+    if constexpr or isinstance(v, bool) or not isinstance(v, (int, float)):
+        return ("K" if constexpr else "C"), v
+    return ("I", size_facts(v)) if isinstance(v, int) else ("F",)
+
+
+def signature(args, kwargs) -> tuple:
+    """What the host code and the lowering can see of a call's arguments (not tensor data, not float values)."""
+    def one(a):
+        if isinstance(a, torch.Tensor):
+            return a.dtype, a.shape, a.stride(), a.device, a.data_ptr() % 16 == 0
+        return type(a), None if isinstance(a, float) else a
+    return (*map(one, args), *((k, one(v)) for k, v in kwargs.items()))
+
+
+def device_of(args, kwargs) -> torch.device:
+    return next((a.device for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)), torch.device("cpu"))
+
+
+@functools.cache
+def programs(device: torch.device) -> int:
+    """How many programs a persistent grid starts: one per SM (4 in the interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+class Launch:
+    """One kernel launch of a call, its arguments bound; calling it launches."""
+
+    def __init__(self, low: lower.Lowered, kernel, grid: int, args: list, meta: dict):
+        self.low, self.kernel, self.grid, self.args, self.meta = low, kernel, grid, args, meta
+
+    def __call__(self):
+        try:
+            self.kernel[(self.grid,)](*self.args, **self.meta)
+        except NkError as e:
+            raise self.low.remap(e) from None
+
+    def compile(self, until: str = "cubin", arch: str = "sm_90a"):
+        """newt's pipeline output (newtc.compiler.Output) for this launch; no GPU needed."""
+        try:
+            return self.kernel.output(self.args, self.meta, until, arch)
+        except NkError as e:
+            raise self.low.remap(e) from None
+
+
+class Program:
+    """A `.nk` file of tile programs; each `tile` definition is an attribute."""
+
+    def __init__(self, text: str, filename: str):
+        self.filename, self.ast = filename, parsed(text, filename)
+        self.defs = {d.name: d for d in self.ast.defs if d.kind == "def"}
+        self.fns = {d.name: TileFunction(self, d) for d in self.ast.defs if d.kind == "tile"}
+
+    def __getattr__(self, name: str) -> "TileFunction":
+        if name in self.__dict__.get("fns", {}):
+            return self.fns[name]
+        raise AttributeError(f"{self.__dict__.get('filename')} has no tile program '{name}'")
+
+
+def tile_loops(stmts, nested: bool) -> list:
+    """The tile loops among these statements in program order: the launch grids, or (nested) all of them."""
+    out = []
+    for s in stmts:
+        inner = getattr(s, "body", []) + getattr(s, "orelse", [])
+        out += [s] + (tile_loops(inner, True) if nested else []) if lang.is_tiles(s) else tile_loops(inner, nested)
+    return out
+
+
+class TileFunction:
+    def __init__(self, program: Program, d: A.FuncDef):
+        self.program, self.defn, self.name, self.loops = program, d, d.name, tile_loops(d.body, False)
+        self.constexprs = {p.name for p in d.params if lang.is_tunable(p) or lang.is_constexpr_annot(p.annotation)}
+        lines = program.ast.source.splitlines()
+        text = "\n".join("\n".join(lines[x.span.line - 1:x.span.end_line]) for x in [d, *program.defs.values()])
+        self.hash = hashlib.sha256(text.encode()).hexdigest()[:16]  # what a stored config is valid for
+        self.taken = lower.names_in(program.ast.defs) | {x.name for x in program.ast.defs}
+        self.names = {id(s): lower.names_in(s) for s in self.loops}  # what each grid's text depends on
+        self.lowered, self.fast, self.chosen, self.pinned, self.tuned = {}, {}, {}, None, {}
+
+    def __repr__(self) -> str:
+        return f"<deuteron tile program {self.name} from {self.program.filename}>"
+
+    def __call__(self, *args, config: dict | None = None, eager: bool | None = None, **kwargs):
+        """Run on torch tensors; eager=True (or DEUTERON_EAGER=1) runs the eager oracle instead."""
+        if eager or eager is None and flag("DEUTERON_EAGER"):
+            return self.eager(*args, **kwargs)
+        result, plan = self.plan(args, kwargs, config or self.config(*args, **kwargs))
+        for launch in plan:
+            launch()
+        return result
+
+    def eager(self, *args, **kwargs):
+        """The tile program run by torch, each tile a whole slice: the oracle."""
+        return lang.Interp(self.program.defs, device_of(args, kwargs)).call(self.defn, args, kwargs)
+
+    def source(self, *args, config: dict | None = None, **kwargs) -> str:
+        """The generated `.nk` text of this call's kernels."""
+        return "\n".join(launch.low.text for launch in self.plan(args, kwargs, config or self.config(*args, **kwargs))[1])
+
+    def plan(self, args, kwargs, config: dict, poison: bool = False):
+        """Run the host code: (the result, the launches it makes), nothing launched yet."""
+        launches, interp = [], lang.Interp(self.program.defs, device_of(args, kwargs), None, config, poison)
+        call = (tuple(sorted(config.items())), signature(args, kwargs))  # the same call lowers the same way
+
+        def grid(loop, env):
+            hit = self.fast.get((id(loop), call))
+            if hit is None:
+                low, kernel = self.lower(loop, env, config, interp)
+                meta = {**low.consts, "num_warps": config.get("num_warps", 4), "num_stages": config.get("num_stages", 1)}
+                hit = self.fast[(id(loop), call)] = low, kernel, low.grid_size(env, interp, programs(interp.device)), meta
+            launches.append(Launch(*hit[:3], hit[0].args(env), hit[3]))
+
+        interp.hook = grid
+        return interp.call(self.defn, args, kwargs), launches
+
+    def lower(self, loop: A.For, env: dict, config: dict, interp: lang.Interp):
+        host = tuple((n, facts(env[n], n in self.constexprs)) for n in sorted(self.names[id(loop)]) if n in env)
+        bounds = {}
+        for s in tile_loops([loop], True):
+            for arg in s.iter.args:
+                try:
+                    bounds[id(arg)] = size_facts(interp.expr(arg, env))
+                except (NkError, TypeError, ValueError, AttributeError):
+                    pass  # a bound the kernel computes (tm.end): its mask stays
+        key = (id(loop), tuple(sorted((k, str(v)) for k, v in config.items())), host, tuple(sorted(bounds.items())))
+        if key not in self.lowered:
+            name = self.name if len(self.loops) == 1 else f"{self.name}_{self.loops.index(loop)}"
+            low = lower.Lower(self.defn, self.program.ast, dict(host), bounds, config, name, self.taken).lower(loop)
+            with _lock:
+                if low.text not in _modules:
+                    try:
+                        _modules[low.text] = newtc.compile(low.text, low.file)
+                    except NkError as e:
+                        raise low.remap(e) from None
+            self.lowered[key] = low, getattr(_modules[low.text], low.name)
+        return self.lowered[key]
+
+    def space(self, *args, **kwargs) -> search.Space:
+        """The search space of this specialization, derived from what the lowering sees."""
+        tunables = lang.Interp(self.program.defs, device_of(args, kwargs)).tunables(self.defn)
+        return search.Space.derive([launch.low.info for launch in self.plan(args, kwargs, {})[1]], tunables)
+
+    def pin(self, config: dict | None) -> None:
+        """Use this config for every call (None: back to tuning)."""
+        self.pinned = config
+
+    def config(self, *args, **kwargs) -> dict:
+        """The config of a call: pinned, chosen before, stored on disk, or tuned now (CUDA tensors only; the
+        default config on the CPU or under DEUTERON_AUTOTUNE=0)."""
+        if self.pinned is not None:
+            return self.pinned
+        sig = signature(args, kwargs)
+        if sig not in self.chosen:
+            space, key = self.space(*args, **kwargs), store.key(self, args, kwargs)
+            config = store.load(key, space) if device_of(args, kwargs).type == "cuda" else space.default()
+            if config is None:
+                off = os.environ.get("DEUTERON_AUTOTUNE", "1").strip().lower() in ("0", "false", "no", "off")
+                config = space.default() if off else self.tune(*args, **kwargs)
+            self.chosen[sig] = config
+        return self.chosen[sig]
+
+    def tune(self, *args, effort: str = "quick", budget: float | None = None, **kwargs) -> dict:
+        """Autotune for these arguments (CUDA tensors), store the winner and return it; `self.tuned` keeps the
+        session's numbers (best ms, configs tried and rejected, seconds)."""
+        from . import tune
+        space = self.space(*args, **kwargs)
+        if effort == "none":
+            return space.default()
+        config, self.tuned = tune.tune(self, args, kwargs, space, effort, budget)
+        store.save(store.key(self, args, kwargs), config, **self.tuned)
+        self.chosen[signature(args, kwargs)] = config
+        return config
+
+
+def load(path) -> Program:
+    return Program(Path(path).read_text(), str(path))
+
+
+def compile(text: str, filename: str = "<string>") -> Program:
+    return Program(text, filename)

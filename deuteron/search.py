@@ -1,0 +1,116 @@
+"""The search space of a tile program and the search over it.
+
+The space comes from what the lowering saw: a power-of-two block per tile (from 1, or 16 for a dot dimension,
+up to its bound's next power of two), num_warps, num_stages and a persistent grid where there is an in-kernel
+loop, program-id grouping where the grid's last two dimensions are tiles, and the program's own tunables. A
+config is valid when no block holds more than 128 elements per thread. The search times the default config and
+a random population, then moves one parameter at a time from the best while that gains, then times the
+near-best few again.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+
+WARPS, PER_THREAD = [1, 2, 4, 8, 16], 128
+EFFORT = {"quick": (12, 1, 40.0), "full": (48, 2, 600.0)}  # population, move radius, seconds
+
+
+def key(config: dict) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+class Space:
+    def __init__(self, choices: dict, values: set):
+        self.choices, self.values, self.defaults = choices, values, {}
+
+    @staticmethod
+    def derive(infos: list, tunables: dict) -> "Space":
+        tiles, dot, values, defaults = {}, set(), set(), {"num_warps": 4}
+        for info in infos:
+            tiles.update(info.tiles)
+            dot |= info.dot
+            values |= info.values
+        choices = {}
+        for var, fact in tiles.items():
+            lo, cap = (16, 256) if var in dot else (1, 16384)
+            hi = max(lo, min(fact[0] if fact else cap, cap))
+            choices[f"block_{var}"] = [1 << k for k in range(lo.bit_length() - 1, hi.bit_length())]
+            defaults[f"block_{var}"] = min(64 if var in dot else 1024, hi)
+        choices["num_warps"] = WARPS
+        if any(i.loops for i in infos):
+            choices.update(num_stages=[1, 2, 3, 4], persistent=[False, True])
+            defaults.update(num_stages=2, persistent=False)
+        if any(i.group for i in infos):
+            choices["group"], defaults["group"] = [1, 4, 8, 16], 8
+        for name, options in tunables.items():
+            choices[name], defaults[name] = list(options), options[0]
+        space = Space(choices, values)
+        space.defaults = space.shrink({k: defaults[k] for k in choices})
+        return space
+
+    def elements(self, config: dict, shape: tuple) -> int:
+        return math.prod(config.get(f"block_{d}", 1) if isinstance(d, str) else d for d in shape)
+
+    def valid(self, config: dict) -> bool:
+        return all(self.elements(config, v) <= PER_THREAD * 32 * config["num_warps"] for v in self.values)
+
+    def contains(self, config) -> bool:
+        return isinstance(config, dict) and set(config) == set(self.choices) \
+            and all(config[k] in v for k, v in self.choices.items()) and self.valid(config)
+
+    def shrink(self, config: dict) -> dict:
+        """Halve the largest tile of the largest block (then add warps) until blocks hold 32 elements a thread."""
+        while True:
+            big = max(self.values, key=lambda v: self.elements(config, v), default=())
+            if self.elements(config, big) <= 32 * 32 * config["num_warps"]:
+                return config
+            tiles = [f"block_{d}" for d in big if isinstance(d, str) and config[f"block_{d}"] > self.choices[f"block_{d}"][0]]
+            if tiles:
+                config[max(tiles, key=config.get)] //= 2
+            elif config["num_warps"] < WARPS[-1]:
+                config["num_warps"] *= 2
+            else:
+                return config
+
+    def default(self) -> dict:
+        return dict(self.defaults)
+
+    def random(self, rng: random.Random, n: int) -> list:
+        tries = ({k: rng.choice(v) for k, v in self.choices.items()} for _ in range(50 * n))
+        return [c for c, _ in zip(filter(self.valid, tries), range(n))]
+
+    def neighbours(self, config: dict, radius: int = 1) -> list:
+        """The valid configs one parameter away (up to `radius` steps along its choices)."""
+        out = []
+        for k, options in self.choices.items():
+            i = options.index(config[k])
+            out += [{**config, k: options[j]} for j in range(max(0, i - radius), min(len(options), i + radius + 1)) if j != i]
+        return list(filter(self.valid, out))
+
+
+def search(space: Space, measure, effort: str = "quick", budget: float | None = None, seed: int = 0):
+    """The fastest config: `measure(configs, retime=False)` gives milliseconds per config (inf: rejected).
+    Returns (the best config, {key: (config, ms)} of all tried)."""
+    population, radius, seconds = EFFORT[effort]
+    deadline, tried = time.monotonic() + (seconds if budget is None else budget), {}
+
+    def run(configs):
+        fresh = list({key(c): c for c in configs if key(c) not in tried}.values())
+        if fresh and (not tried or time.monotonic() < deadline):
+            tried.update((key(c), (c, ms)) for c, ms in zip(fresh, measure(fresh)))
+        return min(tried.values(), key=lambda t: t[1])
+
+    best = run([space.default()])
+    best = run(space.random(random.Random(seed), population))
+    while time.monotonic() < deadline:
+        new = run(space.neighbours(best[0], radius))
+        if not new[1] < best[1] * 0.99:  # gains under 1% are noise
+            break
+        best = new
+    near = sorted((t for t in tried.values() if t[1] <= best[1] * 1.1), key=lambda t: t[1])[:3]
+    if len(near) > 1 and math.isfinite(best[1]):  # the near-best again, with more runs
+        best = min(zip((c for c, _ in near), measure([c for c, _ in near], retime=True)), key=lambda t: t[1])
+    return best[0], tried

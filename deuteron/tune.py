@@ -1,0 +1,256 @@
+"""The autotuner's machinery. Candidates are lowered here and compiled by NVRTC in threads, into newt's disk
+cache. A worker process per GPU runs each on clones of the inputs with the outputs poisoned (NaN), compares
+with the eager oracle, and only then times it (CUDA events, L2 flushed, median). A compile error or a wrong
+result rejects the candidate; a fault, crash or hang also costs the worker, which is replaced.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import statistics
+import sys
+import threading
+import time
+from concurrent import futures
+
+import torch
+
+from newtc import driver
+from newtc.errors import NkError
+
+from . import search
+
+TIMEOUT, START, COMPILE = 30.0, 300.0, 60.0  # seconds for a candidate (then a hang), a worker's start, a compile
+TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 4e-2, torch.float32: 2e-3, torch.float64: 1e-6}
+
+
+class Wrong(AssertionError):
+    pass
+
+
+def outputs(result, args) -> list:
+    """What a call produces: its returned tensors and its tensor arguments (which it may write)."""
+    return [t for t in [*(result if isinstance(result, (tuple, list)) else [result]), *args] if isinstance(t, torch.Tensor)]
+
+
+def check(got: list, want: list) -> None:
+    """Each element within its dtype's tolerance of the oracle's, relative to |value| + mean |value|."""
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g.shape != w.shape or g.dtype != w.dtype:
+            raise Wrong(f"output {i} is {g.dtype}{list(g.shape)}, the oracle's {w.dtype}{list(w.shape)}")
+        bad = g != w
+        if g.is_floating_point():
+            rel, g, w = TOLERANCE.get(g.dtype, 1e-6), g.double(), w.double()
+            tol = rel * (w.abs() + w.abs().nan_to_num(0, 0, 0).mean())
+            bad = ~((g - w).abs() <= tol) & (g != w) & ~(g.isnan() & w.isnan())
+        if bad.any():
+            raise Wrong(f"output {i}: {int(bad.sum())} of {g.numel()} elements differ from the oracle")
+
+
+def time_ms(fn, flush: torch.Tensor, runs: int) -> float:
+    """The median GPU time of fn over runs, each after an L2 flush."""
+    fn()
+    events = [[torch.cuda.Event(enable_timing=True) for _ in range(2)] for _ in range(runs)]
+    for start, end in events:
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+class Session:
+    """A worker's state: the program, the inputs on its GPU and the oracle's outputs."""
+
+    def __init__(self, setup, device: int):
+        from .program import Program
+        text, filename, name, args, self.kwargs = setup
+        torch.cuda.set_device(device)
+        self.fn = Program(text, filename).fns[name]
+        self.args = [a.to(f"cuda:{device}") if isinstance(a, torch.Tensor) else a for a in args]
+        clones = [a.clone() if isinstance(a, torch.Tensor) else a for a in self.args]
+        self.want = outputs(self.fn.eager(*clones, **self.kwargs), clones)
+        self.flush = torch.empty(256 << 20, dtype=torch.int8, device=f"cuda:{device}")  # 4x the H200's L2
+
+    def run(self, config: dict, retime: bool) -> float:
+        args = [a.clone() if isinstance(a, torch.Tensor) else a for a in self.args]
+        result, plan = self.fn.plan(args, self.kwargs, config, poison=True)
+        for launch in plan:
+            launch()
+        torch.cuda.synchronize()
+        check(outputs(result, args), self.want)
+        return time_ms(lambda: [launch() for launch in plan], self.flush, 100 if retime else 20)
+
+
+def worker(conn, device: int, setup) -> None:
+    """A worker process: ("ready"), then per job ("ok", ms) | ("wrong" | "error", why) | ("fatal", why) and exit."""
+    try:
+        session = Session(setup, device)
+        conn.send(("ready", None))
+    except BaseException as e:
+        return conn.send(("error", e.render(color=False) if isinstance(e, NkError) else repr(e)))
+    while (job := conn.recv()) is not None:
+        try:
+            conn.send(("ok", session.run(*job)))
+        except BaseException as e:  # a CUDA error may leave this process's context damaged: leave, to be replaced
+            kind = "wrong" if isinstance(e, Wrong) else "error" if isinstance(e, NkError) and not \
+                isinstance(e, driver.CudaError) else "fatal"
+            conn.send((kind, str(e) if kind != "fatal" else f"{type(e).__name__}: {e}"))
+            if kind == "fatal":
+                return
+
+
+_hide_main = threading.Lock()
+
+
+class Pool:
+    """A worker process per device, each driven by a thread; a faulting, dead or hung worker is replaced."""
+
+    def __init__(self, setup, devices: list, target=worker, timeout: float = TIMEOUT):
+        self.setup, self.devices, self.target, self.timeout = setup, devices, target, timeout
+        self.ctx, self.procs, self.started = multiprocessing.get_context("spawn"), {}, 0  # CUDA does not fork
+
+    def start(self, device):
+        conn, child = self.ctx.Pipe()
+        proc = self.ctx.Process(target=self.target, args=(child, device, self.setup), daemon=True)
+        main = sys.modules["__main__"]
+        with _hide_main:  # spawn would run the caller's script again in the child (as __mp_main__)
+            saved = main.__dict__.pop("__file__", None), getattr(main, "__spec__", None)
+            main.__spec__ = None
+            try:
+                proc.start()
+            finally:
+                main.__spec__ = saved[1]
+                if saved[0] is not None:
+                    main.__file__ = saved[0]
+        child.close()
+        self.started += 1
+        kind, why = conn.recv() if conn.poll(START) else ("error", "no answer")
+        if kind != "ready":
+            self.stop(proc, conn)
+            raise NkError(f"an autotuning worker could not start (the oracle runs there): {why}")
+        self.procs[device] = proc, conn
+
+    @staticmethod
+    def stop(proc, conn):
+        conn.close()
+        proc.kill()
+        proc.join()
+
+    def run_on(self, device, job):
+        """(ms, None) or (inf, why)."""
+        if device not in self.procs:
+            self.start(device)
+        try:
+            self.procs[device][1].send(job)
+            if not self.procs[device][1].poll(self.timeout):
+                raise TimeoutError(f"no answer in {self.timeout:.0f} s: a hang")
+            kind, value = self.procs[device][1].recv()
+        except (EOFError, OSError) as e:
+            kind, value = "fatal", f"the worker died ({e or type(e).__name__})"
+        except TimeoutError as e:
+            kind, value = "fatal", str(e)
+        if kind == "fatal":
+            self.stop(*self.procs.pop(device))
+        return (value, None) if kind == "ok" else (float("inf"), f"{kind}: {value}")
+
+    def map(self, jobs: list) -> list:
+        """Runs (ready, job) pairs, ready() waiting for the job's compile and saying why it failed, or None."""
+        free = queue.Queue()
+        for device in self.devices:
+            free.put(device)
+
+        def one(item):
+            why = item[0]()
+            if why:
+                return float("inf"), why
+            device = free.get()
+            try:
+                return self.run_on(device, item[1])
+            finally:
+                free.put(device)
+
+        with futures.ThreadPoolExecutor(len(self.devices)) as threads:  # an NkError (no worker starts) ends it
+            return list(threads.map(one, jobs))
+
+    def close(self):
+        for proc, conn in self.procs.values():
+            try:
+                conn.send(None)
+                proc.join(timeout=5)
+            finally:
+                self.stop(proc, conn)
+        self.procs.clear()
+
+
+def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | None, pool=None, arch=None):
+    """Search for the fastest config that matches the oracle; prints the winner and the line that pins it.
+    Returns (config, {"ms", "tried", "rejected", "seconds"})."""
+    begin = time.monotonic()
+    if pool is None:
+        device = next(a.device for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor))
+        name, first = torch.cuda.get_device_name(device), device.index or 0
+        devices = [first] + [i for i in range(torch.cuda.device_count())
+                             if i != first and torch.cuda.get_device_name(i) == name]  # alike GPUs time alike
+        host = [a.detach().cpu() if isinstance(a, torch.Tensor) else a for a in args]
+        pool, arch = Pool((fn.program.ast.source, fn.program.filename, fn.name, host, kwargs), devices), driver.arch(first)
+    slots, done, rejected, best = threading.Semaphore(os.cpu_count() or 2), threading.Event(), {}, [float("inf")]
+    deadline = begin + (search.EFFORT[effort][2] if budget is None else budget)
+    try:
+        from tqdm import tqdm
+        bar = tqdm(desc=f"deuteron {fn.name}", unit=" configs", file=sys.stderr, leave=False)
+    except ImportError:  # the [tune] extra brings the progress bar
+        bar = None
+
+    def prepare(config):
+        """Lower here (the parser is not thread-safe), compile in a thread; ready() says why not, or None."""
+        try:
+            plan = fn.plan(args, kwargs, config)[1]
+        except NkError as e:
+            return lambda: f"error: {e.render(color=False)}"
+        future = futures.Future()
+
+        def build():  # in a daemon thread: a compile still running when the session ends does not hold up the exit
+            with slots:
+                if not done.is_set() and future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result([launch.kernel.binary(launch.args, launch.meta, arch) for launch in plan])
+                    except BaseException as e:
+                        future.set_exception(e)
+        threading.Thread(target=build, daemon=True).start()
+
+        def ready():
+            try:  # a compile still running well past the budget is not waited for
+                future.result(timeout=max(1.0, min(COMPILE, deadline + 5 - time.monotonic())))
+            except futures.TimeoutError:
+                return "error: the compile took too long"
+            except Exception as e:  # noqa: BLE001 - any failure to compile rejects this candidate only
+                return f"error: {e.render(color=False) if isinstance(e, NkError) else repr(e)}"
+        return ready
+
+    def measure(configs, retime=False):
+        results = pool.map([(prepare(c), (c, retime)) for c in configs])
+        rejected.update((search.key(c), why) for c, (_, why) in zip(configs, results) if why)
+        best[0] = min([best[0], *(ms for ms, _ in results)])
+        if bar is not None:
+            bar.update(len(configs))
+            bar.set_postfix_str(f"best {best[0]:.4f} ms")
+        return [ms for ms, _ in results]
+
+    try:
+        config, tried = search.search(space, measure, effort, budget)
+    finally:
+        if bar is not None:
+            bar.close()
+        pool.close()
+        done.set()
+    info = {"ms": min(t[1] for t in tried.values()), "tried": len(tried), "rejected": len(rejected),
+            "seconds": time.monotonic() - begin}
+    if info["ms"] == float("inf"):
+        raise NkError(f"autotuning '{fn.name}': all {len(tried)} configs were rejected", fn.defn.span,
+                      f"the first reason: {next(iter(rejected.values()), '')}")
+    print(f"deuteron: {fn.name} tuned in {info['seconds']:.1f} s: {len(tried)} configs tried, {len(rejected)} rejected; "
+          f"best {info['ms']:.4f} ms\n  pin it: prog.{fn.name}.pin({config!r})", file=sys.stderr)
+    return config, info

@@ -1,0 +1,271 @@
+"""deuteron on the CPU: each example tile program lowered for several configs, checked and compiled by NVRTC
+(sm_80 and sm_90a), run in newt's interpreter against the eager oracle; the oracle against torch; errors at
+the tile program's lines; the API and the `deuteron` command."""
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import deuteron
+from deuteron.cli import main
+from newtc.errors import NkError
+
+ROOT = Path(__file__).resolve().parent.parent
+TILES = str(ROOT / "examples" / "tiles.nk")
+
+
+@pytest.fixture(scope="module")
+def prog():
+    return deuteron.load(TILES)
+
+
+def rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape).to(dtype)
+
+
+def attention_ref(q, k, v, causal=False):
+    s = (q.double() @ k.double().transpose(1, 2)) / q.shape[2] ** 0.5
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[1:], dtype=torch.bool).triu(1), float("-inf"))
+    return (torch.softmax(s, -1) @ v.double()).to(q.dtype)
+
+
+# name -> (arguments: ragged shapes, then shapes every block divides; the torch reference; configs)
+CASES = {
+    "add": (lambda even: [rand(1024 if even else 1000), rand(1024 if even else 1000)], torch.add,
+            [dict(block_t=128), dict(block_t=1024, num_warps=8), dict(block_t=32, num_warps=1)]),
+    "softmax": (lambda even: [rand(32 if even else 37, 64 if even else 100)], lambda x: torch.softmax(x, -1),
+                [dict(block_tm=1), dict(block_tm=4, num_warps=2), dict(block_tm=16, num_warps=8)]),
+    "layernorm": (lambda even: [rand(32 if even else 37, 64 if even else 100), rand(64 if even else 100),
+                                rand(64 if even else 100), 1e-5],
+                  lambda x, w, b, eps: F.layer_norm(x, x.shape[-1:], w, b, eps),
+                  [dict(block_tm=1), dict(block_tm=8, num_warps=2)]),
+    "matmul": (lambda even: [rand(64 if even else 37, 32 if even else 70, dtype=torch.float16),
+                             rand(32 if even else 70, 64 if even else 45, dtype=torch.float16)],
+               lambda x, y: (x.float() @ y.float()).half(),
+               [dict(block_tm=16, block_tn=16, block_tk=16, group=1),
+                dict(block_tm=32, block_tn=16, block_tk=16, group=4, num_stages=1, num_warps=2),
+                dict(block_tm=16, block_tn=32, block_tk=16, persistent=True)]),
+    "linear_gelu": (lambda even: [rand(64 if even else 37, 32 if even else 70), rand(32 if even else 70, 64 if even else 45),
+                                  rand(64 if even else 45)],
+                    lambda x, y, b: F.gelu(x @ y + b),
+                    [dict(block_tm=16, block_tn=16, block_tk=16), dict(block_tm=16, block_tn=32, block_tk=32, group=1, persistent=True)]),
+    "matmul_splitk": (lambda even: [rand(64 if even else 37, 64 if even else 70), rand(64 if even else 70, 32 if even else 45)],
+                      lambda x, y: x @ y,
+                      [dict(block_tm=16, block_tn=16, block_tk=16), dict(block_tm=32, block_tn=16, block_tk=32, group=1)]),
+    "attention": (lambda even: [rand(2, 64 if even else 50, 32), rand(2, 32 if even else 40, 32), rand(2, 32 if even else 40, 32)],
+                  attention_ref, [dict(block_tm=16, block_tk=16), dict(block_tm=32, block_tk=16, persistent=True, num_warps=8)]),
+}
+CONFIGS = [(name, i) for name, case in CASES.items() for i in range(len(case[2]))]
+
+
+def close(got, want, dtype):
+    tol = 2e-2 if dtype == torch.float16 else 1e-4
+    torch.testing.assert_close(got.double(), want.double(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("even", [False, True], ids=["ragged", "even"])
+@pytest.mark.parametrize("name,i", CONFIGS)
+def test_lowered_kernel_checks_compiles_and_matches_the_oracle(prog, name, i, even):
+    make, _, configs = CASES[name]
+    fn = getattr(prog, name)
+    args = make(even)
+    config = {**fn.space(*args).default(), **configs[i]}
+    result, plan = fn.plan(args, {}, config, poison=True)  # outputs start as NaN: every element must be written
+    assert len(plan) == 1
+    for arch in ("sm_80", "sm_90a"):
+        assert plan[0].compile("cubin", arch).binary.cubin
+    plan[0]()  # CPU tensors: newt's interpreter
+    close(result, fn(*args, eager=True), args[0].dtype)
+    text = plan[0].low.text
+    assert f"config {{\"{next(iter(config))}\"" in text.splitlines()[0] and "  # tiles.nk:" in text
+    assert ("mask=" not in text) == even  # masks only where the specialization cannot prove them away
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_oracle_matches_torch(prog, name):
+    make, ref, _ = CASES[name]
+    args = make(False)
+    close(getattr(prog, name)(*args, eager=True), ref(*args), args[0].dtype)
+
+
+def test_causal_attention(prog):
+    q, k, v = rand(2, 50, 32), rand(2, 50, 32), rand(2, 50, 32)
+    want = attention_ref(q, k, v, True)
+    close(prog.attention(q, k, v, True, eager=True), want, q.dtype)
+    close(prog.attention(q, k, v, True, config=dict(block_tm=16, block_tk=32, num_warps=4)), want, q.dtype)
+
+
+def test_generated_kernel_reads_like_a_hand_written_one(prog):
+    x, y = rand(37, 70), rand(70, 45)
+    text = prog.matmul.source(x, y, config=dict(block_tm=32, block_tn=16, block_tk=16, group=8, num_warps=4))
+    assert "kernel matmul(x, y, out, " in text and "BLOCK_TM: constexpr" in text and "GROUP: constexpr" in text
+    assert "acc = dot(load(x + tm[:, None] * x_stride0 + tk[None, :]" in text  # @ accumulates in the dot
+    assert "first = pid // group * GROUP" in text  # program-id grouping
+    assert "for tk_begin in range(0, x_size1, BLOCK_TK):" in text
+    persistent = prog.matmul.source(x, y, config=dict(block_tm=16, block_tn=16, block_tk=16, persistent=True))
+    assert "in range(program_id(0), n_tm * n_tn, num_programs(0)):" in persistent
+
+
+def test_reductions_mask_ragged_dims_with_their_identity(prog):
+    text = prog.softmax.source(rand(37, 100), config=dict(block_tm=4))
+    assert "max(where(r0[None, :] < x_size1, v, -inf), axis=1)" in text
+    assert "sum(where(r0[None, :] < x_size1, num, 0), axis=1)" in text
+
+
+def test_index_reductions_and_kept_dims():
+    src = """\
+tile rowstats(x):
+    idx = empty([x.shape[0]], i32)
+    top = empty([x.shape[0], 1], f32)
+    for tm in tiles(x.shape[0]):
+        v = x[tm, :]
+        idx[tm] = argmax(v, axis=1)
+        top[tm, :] = max(v, axis=1, keep_dims=True) - min(v, axis=1, keep_dims=True)
+    return idx, top
+"""
+    fn = deuteron.compile(src, "rowstats.nk").rowstats
+    x = -rand(37, 100).abs()  # all negative: padding that is not masked away would win the max
+    want = (torch.argmax(x, 1).int(), x.amax(1, keepdim=True) - x.amin(1, keepdim=True))
+    for got in (fn(x, eager=True), fn(x, config=dict(block_tm=8))):
+        assert torch.equal(got[0], want[0])
+        close(got[1], want[1], x.dtype)
+
+
+BMM = """\
+tile bmm(x, y):
+    out = empty([x.shape[0], x.shape[1], y.shape[2]], f32)
+    for b, tm, tn in tiles(grid(x.shape[0]), x.shape[1], y.shape[2]):
+        acc = zeros([tm, tn], f32)
+        for tk in tiles(x.shape[2]):
+            acc += x[b, tm, tk] @ y[b, tk, tn]
+        out[b, tm, tn] = acc
+    return out
+"""
+
+
+@pytest.mark.parametrize("config", [dict(group=1), dict(group=4), dict(group=4, persistent=True)])
+def test_a_batch_index_and_grouped_tiles(config):
+    fn = deuteron.compile(BMM, "bmm.nk").bmm
+    x, y = rand(3, 70, 40), rand(3, 40, 50)
+    config = {**fn.space(x, y).default(), "block_tm": 16, "block_tn": 16, "block_tk": 16, **config}
+    close(fn(x, y, config=config), x @ y, x.dtype)
+    text = fn.source(x, y, config=config)
+    assert ("inner = pid % (n_tm * n_tn)" in text) == (config["group"] > 1) and "b = pid // " in text
+
+
+def test_strided_operands_and_a_scalar_atomic(prog):
+    x, y = rand(37, 70), rand(45, 70).t()  # y's unit stride is along its first dimension
+    config = dict(block_tm=16, block_tn=16, block_tk=16)
+    close(prog.matmul(x, y, config=config), x @ y, x.dtype)
+    assert "y + tk[:, None] + tn[None, :] * y_stride1" in prog.matmul.source(x, y, config=config)
+    total = deuteron.compile("""\
+tile total(x):
+    out = zeros([1], f32)
+    for t in tiles(x.shape[0]):
+        atomic_add(out[0], sum(x[t], axis=0))
+    return out
+""", "total.nk").total
+    v = rand(1000)
+    close(total(v, config=dict(block_t=64)), v.sum().reshape(1), v.dtype)
+
+
+BAD = """\
+tile shift(x):
+    out = empty_like(x)
+    for t in tiles(x.shape[0]):
+        out[t] = x[t] << 1.5
+    return out
+
+tile ranged(x):
+    out = empty_like(x)
+    for t in tiles(x.shape[0]):
+        out[t] = x[t, 1:3]
+    return out
+
+tile overrun(x):
+    out = empty_like(x)
+    for t in tiles(x.shape[0] + 5):
+        out[t] = x[t]
+    return out
+"""
+
+
+@pytest.mark.parametrize("name,line,message", [
+    ("shift", 4, "needs integer operands"),  # newt's checker, on the generated kernel
+    ("ranged", 10, "too many indices"),  # the lowering
+    ("overrun", 16, "out-of-bounds"),  # newt's interpreter, at run time
+])
+def test_errors_point_at_the_tile_program(name, line, message):
+    bad = deuteron.compile(BAD, "bad.nk")
+    with pytest.raises(NkError) as e:
+        getattr(bad, name)(rand(100), config=dict(block_t=32))
+    span = e.value.diagnostics[0].span
+    assert (span.file, span.line) == ("bad.nk", line) and message in str(e.value)
+    assert e.value.render(color=False).startswith(f"bad.nk:{line}:")
+
+
+def test_eager_by_environment_lowers_nothing(prog, monkeypatch):
+    monkeypatch.setenv("DEUTERON_EAGER", "1")
+    fn = deuteron.load(TILES).softmax
+    x = rand(5, 30)
+    close(fn(x), torch.softmax(x, -1), x.dtype)
+    assert not fn.lowered
+
+
+def test_cpu_calls_use_the_default_config(prog):
+    x, y = rand(37, 70), rand(70, 45)
+    assert prog.matmul.config(x, y) == prog.matmul.space(x, y).default()
+    close(prog.matmul(x, y), x @ y, x.dtype)
+    prog.matmul.pin(dict(block_tm=16, block_tn=16, block_tk=16, num_warps=2))
+    try:
+        assert prog.matmul.config(x, y)["block_tm"] == 16
+        close(prog.matmul(x, y), x @ y, x.dtype)
+    finally:
+        prog.matmul.pin(None)
+
+
+def test_tunable_parameters_join_the_config():
+    src = """\
+tile scaled(x, FACTOR: tunable = [2, 4]):
+    out = empty_like(x)
+    for t in tiles(x.shape[0]):
+        out[t] = x[t] * FACTOR
+    return out
+"""
+    fn = deuteron.compile(src, "tunable.nk").scaled
+    x = rand(100)
+    space = fn.space(x)
+    assert space.choices["FACTOR"] == [2, 4] and space.default()["FACTOR"] == 2
+    close(fn(x, eager=True), x * 2, x.dtype)
+    text = fn.source(x, config={**space.default(), "FACTOR": 4})
+    assert "FACTOR: constexpr" in text
+    close(fn(x, config={**space.default(), "FACTOR": 4}), x * 4, x.dtype)
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_command_prints_the_kernel(capsys):
+    rc, out, err = run(capsys, TILES, "-k", "matmul", "--sig", "x=f16[256,128], y=f16[128,64]",
+                       "--config", '{"block_tm": 32}')
+    assert rc == 0, err
+    assert "kernel matmul(" in out and '"block_tm": 32' in out and "mask=" not in out
+
+
+def test_command_emits_later_stages(capsys):
+    rc, out, err = run(capsys, TILES, "-k", "layernorm", "--sig", "x=f32[64,100]", "--sig", "w=f32[100], b=f32[100], eps=1e-5",
+                       "--emit", "cuda")
+    assert rc == 0, err
+    assert "__global__" in out
+
+
+def test_command_errors(capsys):
+    rc, out, err = run(capsys, TILES, "--sig", "x=f32[4]")
+    assert rc == 1 and "pick a tile program" in err and "softmax" in err
+    rc, out, err = run(capsys, TILES, "-k", "softmax", "--sig", "x=f32[4")
+    assert rc == 2 and "NAME=DTYPE[SIZES]" in err

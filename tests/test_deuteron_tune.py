@@ -1,0 +1,323 @@
+"""The autotuner without a GPU: the derived space, the search on a fake timer, the worker pool with a fake worker
+(faults, crashes, hangs and wrong results reject a candidate and never end the session), the config store
+(keys, corruption, concurrent writers). GPU tests (marked gpu): every example tuned with effort quick."""
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import deuteron
+import deuteron.tune
+from deuteron import search, store
+from deuteron.tune import Pool, Wrong, check
+from newtc.errors import NkError
+
+ROOT = Path(__file__).resolve().parent.parent
+TILES = str(ROOT / "examples" / "tiles.nk")
+
+
+@pytest.fixture(scope="module")
+def prog():
+    return deuteron.load(TILES)
+
+
+# ---- the space -----------------------------------------------------------------------------------
+def test_space_is_derived_from_the_program(prog):
+    x, y = torch.randn(300, 200), torch.randn(200, 100)
+    space = prog.matmul.space(x, y)
+    assert space.choices["block_tm"] == [16, 32, 64, 128, 256]  # a dot dimension: 16 up to the bound
+    assert space.choices["block_tn"] == [16, 32, 64, 128] and space.choices["block_tk"] == [16, 32, 64, 128, 256]
+    assert {"num_stages", "persistent", "group"} <= set(space.choices)  # an in-kernel loop, a 2-D tile grid
+    soft = prog.softmax.space(torch.randn(37, 1000))
+    assert soft.choices["block_tm"] == [1, 2, 4, 8, 16, 32, 64] and ("tm", 1024) in soft.values
+    assert not {"num_stages", "persistent", "group"} & set(soft.choices)  # no loop, a 1-D grid
+    for s in (space, soft):
+        assert s.contains(s.default())
+        assert all(s.valid(c) for c in s.random(__import__("random").Random(1), 20))
+    assert soft.default()["block_tm"] * 1024 <= 32 * 32 * soft.default()["num_warps"]  # 32 elements a thread
+    assert not soft.valid({"block_tm": 64, "num_warps": 1})  # 64K elements in 32 threads
+    moves = soft.neighbours({"block_tm": 4, "num_warps": 4})
+    assert {"block_tm": 2, "num_warps": 4} in moves and {"block_tm": 4, "num_warps": 8} in moves
+    assert all(sum(c[k] != v for k, v in {"block_tm": 4, "num_warps": 4}.items()) == 1 for c in moves)
+
+
+# ---- the search on a fake timer -----------------------------------------------------------------
+def fake_timer(space, target, broken=lambda c: False):
+    """Milliseconds growing with the distance (in choice steps) from `target`; `broken` configs are rejected."""
+    calls = []
+
+    def measure(configs, retime=False):
+        calls.append((list(configs), retime))
+        return [float("inf") if broken(c) else
+                1.0 + 0.1 * sum((space.choices[k].index(c[k]) - space.choices[k].index(target[k])) ** 2 for k in c)
+                for c in configs]
+    return measure, calls
+
+
+def test_pattern_search_walks_to_the_optimum(prog):
+    space = prog.matmul.space(torch.randn(256, 256), torch.randn(256, 256))
+    target = dict(block_tm=128, block_tn=64, block_tk=32, num_warps=8, num_stages=3, persistent=True, group=4)
+    measure, calls = fake_timer(space, target, broken=lambda c: c["num_warps"] == 16)
+    best, tried = search.search(space, measure, "quick", budget=60)
+    assert best == target
+    assert calls[0] == ([space.default()], False)  # the default config first
+    assert len(calls[1][0]) == search.EFFORT["quick"][0]  # then the random population
+    assert calls[-1][1] and target in calls[-1][0]  # the near-best timed again
+    assert len(tried) < 400  # a walk, not an enumeration (the space has thousands)
+    assert all(ms == float("inf") for c, ms in tried.values() if c["num_warps"] == 16)
+
+
+def test_search_stops_at_the_budget(prog):
+    space = prog.softmax.space(torch.randn(64, 128))
+    measure, calls = fake_timer(space, {"block_tm": 1, "num_warps": 1})
+    best, tried = search.search(space, measure, "full", budget=0)
+    assert len(calls) == 1 and best == space.default()  # only the default config was timed
+
+
+# ---- the worker pool with a fake worker -----------------------------------------------------------
+def fake_worker(conn, device, setup):
+    """Behaves as a config says: times it, or crashes, hangs, faults or computes a wrong result."""
+    if setup == "broken":
+        conn.send(("error", "the oracle raised"))
+        return
+    conn.send(("ready", None))
+    while (job := conn.recv()) is not None:
+        mode = job[0]["mode"]
+        if mode == "crash":
+            os._exit(3)
+        if mode == "hang":
+            time.sleep(600)
+        conn.send({"ok": ("ok", 1.5 + device), "wrong": ("wrong", "3 elements differ"),
+                   "fatal": ("fatal", "CUDA_ERROR_ILLEGAL_ADDRESS")}[mode])
+        if mode == "fatal":
+            return
+
+
+def test_faults_reject_a_candidate_and_the_worker_is_replaced():
+    pool = Pool(None, [0, 1], target=fake_worker, timeout=2.0)
+    modes = ["ok", "crash", "ok", "hang", "wrong", "fatal", "ok", "ok"]
+    try:
+        results = pool.map([(lambda: None, ({"mode": m}, False)) for m in modes])
+        again = pool.map([(lambda: None, ({"mode": "ok"}, False))] * 2)
+    finally:
+        pool.close()
+    for m, (ms, why) in zip(modes, results):
+        assert (ms < float("inf")) == (m == "ok") and (why is None) == (m == "ok")
+    assert "hang" in results[3][1] and "wrong" in results[4][1] and "ILLEGAL_ADDRESS" in results[5][1]
+    assert all(ms in (1.5, 2.5) for ms, _ in again)  # the session goes on
+    assert pool.started >= 5  # two workers, three replaced
+
+
+SCRIPT = """\
+import sys
+sys.path[:0] = [{root!r}, {tests!r}]
+from deuteron.tune import Pool
+from test_deuteron_tune import fake_worker
+print("started", flush=True)
+pool = Pool(None, [0], target=fake_worker)
+print(pool.map([(lambda: None, ({{"mode": "ok"}}, False))]))
+pool.close()
+"""
+
+
+def test_workers_do_not_run_the_callers_script_again(tmp_path):
+    script = tmp_path / "script.py"  # top-level code, no `if __name__ == "__main__"` guard
+    script.write_text(SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests")))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["started", "[(1.5, None)]"]
+
+
+def test_a_failed_compile_never_reaches_a_worker():
+    pool = Pool(None, [0], target=fake_worker, timeout=2.0)
+    try:
+        (ms, why), = pool.map([(lambda: "error: NVRTC could not compile", ({"mode": "crash"}, False))])
+    finally:
+        pool.close()
+    assert ms == float("inf") and "NVRTC" in why and pool.started == 0
+
+
+def test_a_broken_oracle_ends_tuning_with_its_error():
+    with pytest.raises(NkError, match="the oracle raised"):
+        Pool("broken", [0], target=fake_worker, timeout=2.0).map([(lambda: None, ({"mode": "ok"}, False))])
+
+
+SCALE = """\
+tile scale(x, FACTOR: tunable = [1, 2, 3]):
+    out = empty_like(x)
+    for t in tiles(x.shape[0]):
+        static_assert(FACTOR != 3, "FACTOR 3 does not compile")
+        out[t] = x[t] * FACTOR
+    return out
+"""
+
+
+def test_the_worker_checks_each_candidate_against_the_oracle(monkeypatch):
+    """The real worker loop and Session.run, on the interpreter: CUDA's synchronize and timing stubbed out."""
+    fn, x = deuteron.compile(SCALE, "scale.nk").scale, torch.randn(1000)
+    session = object.__new__(deuteron.tune.Session)
+    session.fn, session.args, session.kwargs, session.flush = fn, [x], {}, None
+    session.want = deuteron.tune.outputs(fn.eager(x), [x])
+    monkeypatch.setattr(deuteron.tune, "Session", lambda setup, device: session)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(deuteron.tune, "time_ms", lambda run, flush, runs: run() and 0.5)
+    conn, child = multiprocessing.Pipe()
+    thread = threading.Thread(target=deuteron.tune.worker, args=(child, 0, None))
+    thread.start()
+    answers = [conn.recv()]
+    for config in [dict(block_t=128, FACTOR=1), dict(block_t=128, FACTOR=2), dict(block_t=128, FACTOR=3),
+                   dict(block_t=0, FACTOR=1)]:
+        conn.send(({**config, "num_warps": 4}, False))
+        answers.append(conn.recv())
+    thread.join(timeout=60)
+    assert [a[0] for a in answers] == ["ready", "ok", "wrong", "error", "fatal"] and answers[1][1] == 0.5
+    assert "differ from the oracle" in answers[2][1] and "FACTOR 3" in answers[3][1]
+    assert not thread.is_alive()  # after a fault the worker leaves, to be replaced
+
+
+def test_check_rejects_wrong_and_unwritten_outputs():
+    want = [torch.randn(100)]
+    check([want[0] * (1 + 1e-4)], want)
+    got = want[0].clone()
+    got[7] = float("nan")  # poison left in place: an element never written
+    with pytest.raises(Wrong, match="1 of 100"):
+        check([got], want)
+    with pytest.raises(Wrong):
+        check([want[0].half()], want)
+
+
+# ---- a session: lowering here, NVRTC in threads, a fake pool for the workers ---------------------
+class FakePool:
+    """Waits for each candidate's compile like the real pool, then 'times' it from its config."""
+
+    def __init__(self, ms):
+        self.ms, self.reasons, self.closed = ms, [], False
+
+    def map(self, jobs):
+        out = []
+        for ready, (config, retime) in jobs:
+            why = ready()
+            self.reasons.append(why)
+            out.append((float("inf"), why) if why else (self.ms(config), None))
+        return out
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_session_compiles_candidates_and_rejects_those_that_fail(capsys):
+    src = """\
+tile scale(x, FACTOR: tunable = [1, 2, 3, 4]):
+    out = empty_like(x)
+    for t in tiles(x.shape[0]):
+        static_assert(FACTOR != 4, "FACTOR 4 does not compile")
+        out[t] = x[t] * FACTOR
+    return out
+"""
+    fn = deuteron.compile(src, "session.nk").scale
+    x = torch.randn(3000)
+    space = fn.space(x)
+    pool = FakePool(lambda c: 1 + abs(c["block_t"].bit_length() - 9) + abs(c["num_warps"] - 4) / 8 + c["FACTOR"] / 10)
+    config, info = deuteron.tune.tune(fn, [x], {}, space, "quick", 120, pool=pool, arch="sm_90a")
+    assert config == {"block_t": 256, "num_warps": 4, "FACTOR": 1} and pool.closed
+    failed = [why for why in pool.reasons if why]
+    assert failed and all("FACTOR 4 does not compile" in why for why in failed)
+    assert info["rejected"] == len(failed) and info["tried"] >= len(pool.reasons) - 3
+    assert "pin it: prog.scale.pin({'block_t': 256" in capsys.readouterr().err
+
+
+# ---- the config store ---------------------------------------------------------------------------
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEUTERON_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_keys_bucket_shapes_and_name_the_rest(prog):
+    fn = prog.softmax
+    k = store.key(fn, [torch.randn(1000, 700)], {})
+    assert k == store.key(fn, [torch.randn(1024, 513)], {})  # same next powers of two
+    assert k != store.key(fn, [torch.randn(1025, 700)], {})
+    assert k != store.key(fn, [torch.randn(1000, 700, dtype=torch.float16)], {})
+    assert k != store.key(fn, [torch.randn(700, 1000).t()], {})  # other strides
+    assert k != store.key(fn, [torch.randn(1000 * 700 + 1)[1:].view(1000, 700)], {})  # not 16-byte aligned
+    assert k != store.key(prog.add, [torch.randn(1000, 700)], {})
+    assert {"gpu", "newt", "deuteron", "text"} <= set(k)
+    edited = Path(TILES).read_text().replace("num / sum(num, axis=1)", "num * (1.0 / sum(num, axis=1))")
+    other = deuteron.compile(edited, "edited.nk")
+    assert other.softmax.hash != fn.hash and other.add.hash == prog.add.hash
+
+
+def test_store_round_trip_and_damage(prog, cache):
+    fn, x = prog.softmax, torch.randn(64, 1000)
+    k, space = store.key(fn, [x], {}), fn.space(x)
+    config = {**space.default(), "block_tm": 2}
+    assert store.load(k, space) is None
+    store.save(k, config, ms=0.5)
+    assert store.load(k, space) == config
+    path = store.path(k)
+    for damage in ["{not json", json.dumps({"key": {**k, "gpu": "other"}, "config": config}),
+                   json.dumps({"key": k, "config": {**config, "block_tm": 3}}), "[]"]:
+        path.write_text(damage)
+        assert store.load(k, space) is None  # ignored: it will be tuned again and overwritten
+    store.save(k, config)
+    assert store.load(k, space) == config
+
+
+def _writer(args):
+    k, i = args
+    for _ in range(30):
+        store.save(k, {"block_tm": i, "num_warps": 4})
+
+
+def test_concurrent_writers_leave_one_whole_entry(prog, cache):
+    fn, x = prog.softmax, torch.randn(64, 1000)
+    k, space = store.key(fn, [x], {}), fn.space(x)
+    with multiprocessing.get_context("fork").Pool(4) as workers:
+        workers.map(_writer, [(k, 1 << i) for i in range(4)])
+    assert store.load(k, space)["block_tm"] in (1, 2, 4, 8)
+    assert [p.name for p in cache.iterdir()] == [store.path(k).name]  # no temporary files left
+
+
+# ---- on a GPU -----------------------------------------------------------------------------------
+GPU_CASES = {
+    "add": lambda: [torch.randn(1 << 20, device="cuda")] * 2,
+    "softmax": lambda: [torch.randn(4096, 1000, device="cuda")],
+    "layernorm": lambda: [torch.randn(4096, 1000, device="cuda", dtype=torch.float16),
+                          torch.randn(1000, device="cuda", dtype=torch.float16),
+                          torch.randn(1000, device="cuda", dtype=torch.float16), 1e-5],
+    "matmul": lambda: [torch.randn(1024, 1000, device="cuda", dtype=torch.float16),
+                       torch.randn(1000, 768, device="cuda", dtype=torch.float16)],
+    "linear_gelu": lambda: [torch.randn(512, 512, device="cuda"), torch.randn(512, 300, device="cuda"),
+                            torch.randn(300, device="cuda")],
+    "matmul_splitk": lambda: [torch.randn(256, 4096, device="cuda"), torch.randn(4096, 256, device="cuda")],
+    "attention": lambda: [torch.randn(8, 1000, 64, device="cuda", dtype=torch.float16) for _ in range(3)],
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", GPU_CASES)
+def test_every_example_tunes_quickly_on_a_gpu(prog, name, cache):
+    fn, args = getattr(prog, name), GPU_CASES[name]()
+    begin = time.monotonic()
+    config = fn.tune(*args, effort="quick")
+    assert time.monotonic() - begin < 120
+    assert fn.space(*args).contains(config) and store.load(store.key(fn, args, {}), fn.space(*args)) == config
+    check([fn(*args)], [fn(*args, eager=True)])
+    assert fn.config(*args) == config  # from memory now; a new process reads the store
+
+
+@pytest.mark.gpu
+def test_autotune_off_uses_the_default(prog, cache, monkeypatch):
+    monkeypatch.setenv("DEUTERON_AUTOTUNE", "0")
+    fn = deuteron.load(TILES).softmax
+    x = torch.randn(100, 300, device="cuda")
+    assert fn.config(x) == fn.space(x).default()
+    check([fn(x)], [torch.softmax(x, -1)])
