@@ -132,14 +132,14 @@ def seconds(g: Gpu, programs: int, per_sm: int, in_flight: int, dram: float, l2:
     return (full * g.sms * per_sm * work / rate(g.sms * per_sm) if full else 0.0) + (last * work / rate(last) if last else 0.0)
 
 
-def _whole_rows(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu):
-    """Whole-row candidates in order of preference: ROWS nearest to programs of PROGRAM_BYTES, then fewest
-    warps (the most of the row per thread, up to THREAD_BYTES)."""
+def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: Gpu, n_rows: int):
+    """Whole-row candidates in order of preference: ROWS (up to `group`) nearest to programs of PROGRAM_BYTES,
+    then fewest warps (the most of the row per thread, up to THREAD_BYTES)."""
     block = _pow2(n_cols + lead)
     if block > MAX_ROW[op]:
         return
     preferred = max(1, PROGRAM_BYTES // (n_cols * itemsize))
-    options = [1 << k for k in range(_pow2(n_rows).bit_length()) if (1 << k) * block <= max(block, 16384)]
+    options = [1 << k for k in range(_pow2(group).bit_length()) if (1 << k) * block <= max(block, 16384)]
     for rows in sorted(options, key=lambda r: (abs(math.log2(r / preferred)), r)):
         tile = rows * block * itemsize
         for warps in (1, 2, 4, 8, 16, 32):
@@ -192,11 +192,13 @@ def _split(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu):
 
 
 @functools.lru_cache(maxsize=4096)
-def plan(op: str, n_rows: int, n_cols: int, itemsize: int, shift: bool, g: Gpu = Gpu()) -> Plan:
+def plan(op: str, n_rows: int, n_cols: int, itemsize: int, shift: bool, g: Gpu = Gpu(), grouped: bool = True) -> Plan:
     """The configuration of a row op ("softmax", "cross_entropy" or "norm") on n_rows x n_cols elements of
-    `itemsize` bytes. With `shift`, rows start off a 16-byte boundary and a block covers 16 bytes more."""
+    `itemsize` bytes. With `shift`, rows start off a 16-byte boundary and a block covers 16 bytes more;
+    without `grouped`, a program takes one row."""
     lead = 16 // itemsize - 1 if shift else 0
-    candidates = [*_whole_rows(op, n_rows, n_cols, itemsize, lead, g), *_looped(op, n_rows, n_cols, itemsize, lead, g),
+    candidates = [*_whole_rows(op, n_rows if grouped else 1, n_cols, itemsize, lead, g, n_rows),
+                  *_looped(op, n_rows, n_cols, itemsize, lead, g),
                   *_split(op, n_rows, n_cols, itemsize, lead, g)]
     best = min(c.seconds for c in candidates)
     return next(c for c in candidates if c.seconds <= best * TOLERANCE)
@@ -264,7 +266,7 @@ class _Bound:
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU builds, which never bind
 
 
-def _run(key, steps, inputs: tuple, alloc, scalars: tuple = (), x: Tensor | None = None) -> Tensor:
+def _run(key, steps, alloc, inputs: tuple, scalars: tuple = (), x: Tensor | None = None) -> Tensor:
     """The general path: launch the steps on the inputs and the outputs that alloc(x) makes (x: the caller's
     first input, before any reshape), then, on the GPU and with `key` (None: the inputs are copies, not the
     caller's tensors), bind them."""
@@ -299,9 +301,12 @@ def _configure(op: str, x2: Tensor, out_stride: int) -> tuple[Plan, dict]:
     """The plan for x2 ([rows, n_cols]) and the constexprs every row kernel takes: VEC (elements per
     16 bytes) and SHIFT (rows start off 16-byte boundaries, and the output's rows at the same offsets)."""
     rows, n = x2.shape
-    vec = 16 // x2.element_size()
-    shift = x2.stride(0) % vec != 0 and x2.stride(0) % vec == out_stride % vec
-    return plan(op, rows, n, x2.element_size(), shift, gpu(x2.get_device())), dict(VEC=vec, SHIFT=shift)
+    s, stride = x2.element_size(), x2.stride(0)
+    vec = 16 // s
+    shift = stride % vec != 0 and stride % vec == out_stride % vec
+    # several rows per program prove their vector accesses from the first row's: every row on a boundary
+    grouped = shift or (stride % vec == 0 and out_stride % vec == 0)
+    return plan(op, rows, n, s, shift, gpu(x2.get_device()), grouped), dict(VEC=vec, SHIFT=shift)
 
 
 def _looped_meta(p: Plan, meta: dict) -> dict:
@@ -318,29 +323,48 @@ def _with_partials(size: int, alloc, x: Tensor) -> tuple:
     return alloc(x) + (torch.empty(size, dtype=torch.float32, device=x.device),)
 
 
+def _softmax_steps(x2: Tensor, log: bool) -> tuple:
+    """The launches of (log-)softmax over x2 and the allocation of their outputs.
+    Values: A = x, B = out, C = partials."""
+    (rows, n), stride = x2.shape, x2.stride(0)
+    p, meta = _configure("softmax", x2, n)
+    mod = _stdlib("softmax")
+    if p.kind == "rows":
+        return [(mod.softmax, (_cdiv(rows, p.rows),), (A, B, rows, n, stride, n),
+                 dict(BLOCK=p.block, ROWS=p.rows, LOG=log, num_warps=p.warps, **meta))], _like
+    if p.kind == "looped":
+        return [(mod.softmax_looped, (rows,), (A, B, n, stride, n), dict(LOG=log, **_looped_meta(p, meta)))], _like
+    return [(mod.row_partials, (p.parts, rows), (A, C, n, stride, p.chunk), _looped_meta(p, meta)),
+            (mod.softmax_split, (p.parts, rows), (A, B, C, n, stride, n, p.chunk),
+             dict(BLOCK=p.block, PARTS=_pow2(p.parts), LOG=log, num_warps=p.warps, **meta))], \
+        functools.partial(_with_partials, rows * p.parts * 2, _like)
+
+
 def _softmax(x: Tensor, log: bool, key=None) -> Tensor:
     _float(x, "softmax")
     if x.numel() == 0:
         return torch.empty_like(x)
     x2 = _rows(x)
-    (rows, n), stride = x2.shape, x2.stride(0)
-    p, meta = _configure("softmax", x2, n)
-    mod, alloc = _stdlib("softmax"), _like  # values: A = x, B = out, C = partials
-    if p.kind == "rows":
-        steps = [(mod.softmax, (_cdiv(rows, p.rows),), (A, B, rows, n, stride, n),
-                  dict(BLOCK=p.block, ROWS=p.rows, LOG=log, num_warps=p.warps, **meta))]
-    elif p.kind == "looped":
-        steps = [(mod.softmax_looped, (rows,), (A, B, n, stride, n), dict(LOG=log, **_looped_meta(p, meta)))]
-    else:
-        alloc = functools.partial(_with_partials, rows * p.parts * 2, _like)
-        steps = [(mod.row_partials, (p.parts, rows), (A, C, n, stride, p.chunk), _looped_meta(p, meta)),
-                 (mod.softmax_split, (p.parts, rows), (A, B, C, n, stride, n, p.chunk),
-                  dict(BLOCK=p.block, PARTS=_pow2(p.parts), LOG=log, num_warps=p.warps, **meta))]
-    return _run(_key(x, x2, key), steps, (x2,), alloc, x=x)
+    return _run(_key(x, x2, key), *_softmax_steps(x2, log), (x2,), x=x)
 
 
 def _losses(x: Tensor) -> tuple:
     return (torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device),)
+
+
+def _cross_entropy_steps(x2: Tensor) -> tuple:
+    """Values: A = logits, B = target, C = loss, D = partials."""
+    (rows, n), stride = x2.shape, x2.stride(0)
+    p, meta = _configure("cross_entropy", x2, stride)
+    mod = _stdlib("softmax")
+    if p.kind == "rows":
+        return [(mod.cross_entropy, (_cdiv(rows, p.rows),), (A, B, C, rows, n, stride),
+                 dict(BLOCK=p.block, ROWS=p.rows, num_warps=p.warps, **meta))], _losses
+    if p.kind == "looped":
+        return [(mod.cross_entropy_looped, (rows,), (A, B, C, n, stride), _looped_meta(p, meta))], _losses
+    return [(mod.row_partials, (p.parts, rows), (A, D, n, stride, p.chunk), _looped_meta(p, meta)),
+            (mod.cross_entropy_split, (rows,), (A, B, C, D, p.parts, stride), dict(PARTS=_pow2(p.parts)))], \
+        functools.partial(_with_partials, rows * p.parts * 2, _losses)
 
 
 def _cross_entropy(logits: Tensor, target: Tensor, key=None) -> Tensor:
@@ -353,19 +377,24 @@ def _cross_entropy(logits: Tensor, target: Tensor, key=None) -> Tensor:
                       f"target {tuple(target.shape)} {target.dtype}")
     if t.stride(0) != 1:
         t, key = t.contiguous(), None
+    return _run(_key(logits, x2, key), *_cross_entropy_steps(x2), (x2, t), x=logits)
+
+
+def _norm_steps(x2: Tensor, rms: bool, bias: bool) -> tuple:
+    """Values: A = x, B = weight, C = bias, D = eps, E = out, F = partials."""
     (rows, n), stride = x2.shape, x2.stride(0)
-    p, meta = _configure("cross_entropy", x2, stride)
-    mod, alloc = _stdlib("softmax"), _losses  # values: A = logits, B = target, C = loss, D = partials
+    p, meta = _configure("norm", x2, n)
+    mod = _stdlib("norm")
     if p.kind == "rows":
-        steps = [(mod.cross_entropy, (_cdiv(rows, p.rows),), (A, B, C, rows, n, stride),
-                  dict(BLOCK=p.block, ROWS=p.rows, num_warps=p.warps, **meta))]
-    elif p.kind == "looped":
-        steps = [(mod.cross_entropy_looped, (rows,), (A, B, C, n, stride), _looped_meta(p, meta))]
-    else:
-        alloc = functools.partial(_with_partials, rows * p.parts * 2, _losses)
-        steps = [(mod.row_partials, (p.parts, rows), (A, D, n, stride, p.chunk), _looped_meta(p, meta)),
-                 (mod.cross_entropy_split, (rows,), (A, B, C, D, p.parts, stride), dict(PARTS=_pow2(p.parts)))]
-    return _run(_key(logits, x2, key), steps, (x2, t), alloc, x=logits)
+        return [(mod.norm, (_cdiv(rows, p.rows),), (A, B, C, E, rows, n, stride, n, D),
+                 dict(BLOCK=p.block, ROWS=p.rows, RMS=rms, BIAS=bias, num_warps=p.warps, **meta))], _like
+    if p.kind == "looped":
+        return [(mod.norm_looped, (rows,), (A, B, C, E, n, stride, n, D),
+                 dict(RMS=rms, BIAS=bias, **_looped_meta(p, meta)))], _like
+    return [(mod.norm_partials, (p.parts, rows), (A, F, n, stride, p.chunk), dict(RMS=rms, **_looped_meta(p, meta))),
+            (mod.norm_split, (p.parts, rows), (A, B, C, E, F, n, stride, n, p.chunk, D),
+             dict(BLOCK=p.block, PARTS=_pow2(p.parts), BIAS=bias, num_warps=p.warps, **meta))], \
+        functools.partial(_with_partials, rows * p.parts * 3, _like)
 
 
 def _norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, rms: bool, key=None) -> Tensor:
@@ -373,27 +402,14 @@ def _norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, rms: bool,
     if x.numel() == 0:
         return torch.empty_like(x)
     x2 = _rows(x)
-    (rows, n), stride = x2.shape, x2.stride(0)
+    n = x2.shape[1]
     w, b = weight.contiguous(), (bias if bias is not None else weight).contiguous()
     if w.numel() != n or b.numel() != n:
         raise NkError(f"{'rmsnorm' if rms else 'layernorm'} of rows of {n} takes a weight (and bias) of {n}, "
                       f"got {weight.numel()}" + ("" if bias is None else f" and {bias.numel()}"))
     if w.data_ptr() != weight.data_ptr() or bias is not None and b.data_ptr() != bias.data_ptr():
         key = None
-    p, meta = _configure("norm", x2, n)
-    mod, alloc = _stdlib("norm"), _like  # values: A = x, B = weight, C = bias, D = eps, E = out, F = partials
-    kinds = dict(RMS=rms, BIAS=bias is not None)
-    if p.kind == "rows":
-        steps = [(mod.norm, (_cdiv(rows, p.rows),), (A, B, C, E, rows, n, stride, n, D),
-                  dict(BLOCK=p.block, ROWS=p.rows, num_warps=p.warps, **kinds, **meta))]
-    elif p.kind == "looped":
-        steps = [(mod.norm_looped, (rows,), (A, B, C, E, n, stride, n, D), dict(**kinds, **_looped_meta(p, meta)))]
-    else:
-        alloc = functools.partial(_with_partials, rows * p.parts * 3, _like)
-        steps = [(mod.norm_partials, (p.parts, rows), (A, F, n, stride, p.chunk), dict(RMS=rms, **_looped_meta(p, meta))),
-                 (mod.norm_split, (p.parts, rows), (A, B, C, E, F, n, stride, n, p.chunk, D),
-                  dict(BLOCK=p.block, PARTS=_pow2(p.parts), BIAS=bias is not None, num_warps=p.warps, **meta))]
-    return _run(_key(x, x2, key), steps, (x2, w, b), alloc, (float(eps),), x)
+    return _run(_key(x, x2, key), *_norm_steps(x2, rms, bias is not None), (x2, w, b), (float(eps),), x)
 
 
 def _row_reduce(x: Tensor, op: str, key=None) -> Tensor:
@@ -404,7 +420,7 @@ def _row_reduce(x: Tensor, op: str, key=None) -> Tensor:
     (rows, n), block = x2.shape, min(_pow2(x2.shape[1]), 4096)
     steps = [(_stdlib("reduce").row_reduce, (rows,), (A, B, n, x2.stride(0)),
               dict(BLOCK=block, OP=op, num_warps=max(4, min(16, block * x2.element_size() // 4096))))]
-    return _run(_key(x, x2, key), steps, (x2,), _reduced, x=x)
+    return _run(_key(x, x2, key), steps, _reduced, (x2,), x=x)
 
 
 def _reduced(x: Tensor) -> tuple:
@@ -418,7 +434,7 @@ def _add(x: Tensor, y: Tensor, key=None) -> Tensor:
         key = None
     n, block = cx.numel(), 1024
     steps = [(_stdlib("add").add, (max(1, _cdiv(n, block)),), (A, B, C, n), dict(BLOCK=block, num_warps=4))]
-    return _run(key, steps, (cx, cy), _like)
+    return _run(key, steps, _like, (cx, cy))
 
 
 def _bias_gelu(x: Tensor, bias: Tensor, key=None) -> Tensor:
@@ -427,7 +443,7 @@ def _bias_gelu(x: Tensor, bias: Tensor, key=None) -> Tensor:
         key = None
     n, block = cx.numel(), 1024
     steps = [(_stdlib("gelu").bias_gelu, (max(1, _cdiv(n, block)),), (A, B, C, n, cx.shape[-1]), dict(BLOCK=block))]
-    return _run(key, steps, (cx, cb), _like)
+    return _run(key, steps, _like, (cx, cb))
 
 
 def _transpose(x: Tensor, key=None) -> Tensor:
@@ -438,7 +454,7 @@ def _transpose(x: Tensor, key=None) -> Tensor:
     (m, n), bm, bn = x.shape, 32, 32
     steps = [(_stdlib("transpose").transpose, (_cdiv(m, bm), _cdiv(n, bn)), (A, B, m, n, x.stride(0), m),
               dict(BM=bm, BN=bn, num_warps=4))]
-    return _run(key, steps, (x,), _transposed)
+    return _run(key, steps, _transposed, (x,))
 
 
 def _transposed(x: Tensor) -> tuple:
