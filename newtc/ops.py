@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from operator import itemgetter
 
 import torch
 from torch import Tensor
@@ -221,7 +220,7 @@ class _In:
 
 
 A, B, C, D, E, F = (_In(i) for i in range(6))
-_fast: dict = {}  # key -> _Bound; an entry is only ever added, and two threads adding one add equal ones
+_fast: dict = {}  # key -> _bound(...); an entry is only ever added, and two threads adding one add equal ones
 
 
 def _bind(kernel, args: tuple, meta: dict, device: int):
@@ -236,31 +235,32 @@ def _bind(kernel, args: tuple, meta: dict, device: int):
         driver.set_context(previous)
 
 
-class _Bound:
-    """An op's launches bound for one key. A call passes its inputs and scalars; `alloc(first input)`
-    makes the outputs, as on the general path; the first output is the result."""
-
-    def __init__(self, steps, values: tuple, alloc, device: int):
-        consts, self.steps = [], []
-        for kernel, grid, args, meta in steps:
-            index = []
-            for a in args:
-                index.append(a.i if isinstance(a, _In) else len(values) + len(consts))
-                consts += [] if isinstance(a, _In) else [a]
-            real = tuple(values[a.i] if isinstance(a, _In) else a for a in args)
-            self.steps.append((_bind(kernel, real, meta, device), itemgetter(*index), grid))
-        self.consts, self.alloc, self.device = tuple(consts), alloc, device
-
-    def __call__(self, inputs: tuple, scalars: tuple = ()) -> Tensor | None:
-        ptrs = tuple(t.data_ptr() for t in inputs)
-        if any(p & 15 for p in ptrs):
-            return None
-        outputs = self.alloc(inputs[0])
-        values = ptrs + scalars + tuple(t.data_ptr() for t in outputs) + self.consts
-        stream = _raw_stream(self.device)
-        for launch, get, grid in self.steps:
-            launch(stream, get(values), *grid)
-        return outputs[0]
+def _bound(steps, values: tuple, n_inputs: int, n_scalars: int, device: int):
+    """The op's launches bound for one key, as straight-line Python made for them (as jit makes its launch
+    path): call(*inputs, *scalars) reads the inputs' data pointers (None if one is not 16-byte aligned:
+    the caller takes the general path), makes the outputs and launches each step with its constants in
+    place; it returns the first output. An output is made as torch.empty_like of a one-element tensor of
+    its dtype expanded to its shape (contiguous, and the cheapest allocation from Python)."""
+    names = [f"a{i}" for i in range(n_inputs)] + [f"s{i}" for i in range(n_scalars)]
+    made = values[n_inputs + n_scalars:]
+    outputs = [f"o{i}" for i in range(len(made))]
+    value = [f"p{i}" for i in range(n_inputs)] + names[n_inputs:] + [f"q{i}" for i in range(len(made))]
+    scope = {"empty_like": torch.empty_like, "raw_stream": _raw_stream, "device": device}
+    scope |= {f"t{i}": torch.empty(1, dtype=o.dtype, device=o.device).expand(o.shape) for i, o in enumerate(made)}
+    if not all(torch.empty_like(scope[f"t{i}"]).is_contiguous() for i in range(len(made))):
+        return None
+    lines = [f"def call({', '.join(names)}):",
+             *[f"    p{i} = a{i}.data_ptr()" for i in range(n_inputs)],
+             f"    if ({' | '.join(value[:n_inputs])}) & 15:", "        return None",
+             *[f"    o{i} = empty_like(t{i})" for i in range(len(made))],
+             *[f"    q{i} = o{i}.data_ptr()" for i in range(len(made))],
+             "    stream = raw_stream(device)"]
+    for k, (kernel, grid, args, meta) in enumerate(steps):
+        scope[f"launch{k}"] = _bind(kernel, tuple(values[a.i] if isinstance(a, _In) else a for a in args), meta, device)
+        lines.append(f"    launch{k}(stream, ({', '.join(value[a.i] if isinstance(a, _In) else repr(a) for a in args)},), "
+                     f"{', '.join(map(str, grid))})")
+    exec(compile("\n".join(lines + ["    return o0"]) + "\n", "<newt op>", "exec"), scope)
+    return scope["call"]
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU builds, which never bind
@@ -276,7 +276,9 @@ def _run(key, steps, alloc, inputs: tuple, scalars: tuple = (), x: Tensor | None
         kernel[grid](*(values[a.i] if isinstance(a, _In) else a for a in args), **meta)
     tensors = inputs + outputs
     if key is not None and not jit.INTERPRET and inputs[0].is_cuda and all(t.data_ptr() % 16 == 0 for t in tensors):
-        _fast[key] = _Bound(steps, values, alloc, inputs[0].get_device())
+        bound = _bound(steps, values, len(inputs), len(scalars), inputs[0].get_device())
+        if bound is not None:
+            _fast[key] = bound
     return outputs[0]
 
 
@@ -462,27 +464,26 @@ def _transposed(x: Tensor) -> tuple:
 
 
 # ---- the public ops: the bound path of a known key, else the general path ------------------------------
-def _call(key, inputs: tuple, scalars: tuple, general, *args):
-    bound = _fast.get(key)
-    if bound is not None:
-        out = bound(inputs, scalars)
-        if out is not None:
-            return out
-    return general(*args, key=key)
-
-
 def softmax(x: Tensor) -> Tensor:
     """Softmax over the last dimension."""
     if torch.compiler.is_compiling():
         return torch.ops.newt.softmax(x)
-    return _call(("softmax", x.shape, x.stride(), x.dtype, x.get_device()), (x,), (), _softmax, x, False)
+    key = ("softmax", x.shape, x.stride(), x.dtype, x.get_device())
+    bound = _fast.get(key)
+    if bound is None or (out := bound(x)) is None:
+        out = _softmax(x, False, key)
+    return out
 
 
 def log_softmax(x: Tensor) -> Tensor:
     """Log-softmax over the last dimension."""
     if torch.compiler.is_compiling():
         return torch.ops.newt.log_softmax(x)
-    return _call(("log_softmax", x.shape, x.stride(), x.dtype, x.get_device()), (x,), (), _softmax, x, True)
+    key = ("log_softmax", x.shape, x.stride(), x.dtype, x.get_device())
+    bound = _fast.get(key)
+    if bound is None or (out := bound(x)) is None:
+        out = _softmax(x, True, key)
+    return out
 
 
 def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
@@ -492,7 +493,10 @@ def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
         return torch.ops.newt.cross_entropy(logits, target)
     key = ("cross_entropy", logits.shape, logits.stride(), logits.dtype, logits.get_device(), target.dtype,
            target.shape, target.stride())
-    return _call(key, (logits, target), (), _cross_entropy, logits, target)
+    bound = _fast.get(key)
+    if bound is None or (out := bound(logits, target)) is None:
+        out = _cross_entropy(logits, target, key)
+    return out
 
 
 def layernorm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = 1e-5) -> Tensor:
@@ -500,8 +504,12 @@ def layernorm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = 1e-5)
     if torch.compiler.is_compiling():
         return torch.ops.newt.layernorm(x, weight, bias, eps)
     b = bias if bias is not None else weight
-    key = ("layernorm", x.shape, x.stride(), x.dtype, x.get_device(), weight.dtype, weight.stride(), b.dtype, b.stride())
-    return _call(key, (x, weight, b), (float(eps),), _norm, x, weight, bias, eps, False)
+    key = ("layernorm", x.shape, x.stride(), x.dtype, x.get_device(), weight.dtype, weight.stride(),
+           None if bias is None else (b.dtype, b.stride()))
+    bound = _fast.get(key)
+    if bound is None or (out := bound(x, weight, b, eps)) is None:
+        out = _norm(x, weight, bias, eps, False, key)
+    return out
 
 
 def rmsnorm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
@@ -509,28 +517,39 @@ def rmsnorm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     if torch.compiler.is_compiling():
         return torch.ops.newt.rmsnorm(x, weight, eps)
     key = ("rmsnorm", x.shape, x.stride(), x.dtype, x.get_device(), weight.dtype, weight.stride())
-    return _call(key, (x, weight, weight), (float(eps),), _norm, x, weight, None, eps, True)
+    bound = _fast.get(key)
+    if bound is None or (out := bound(x, weight, weight, eps)) is None:
+        out = _norm(x, weight, None, eps, True, key)
+    return out
+
+
+def _reduce(x: Tensor, op: str) -> Tensor:
+    key = (op, x.shape, x.stride(), x.dtype, x.get_device())
+    bound = _fast.get(key)
+    if bound is None or (out := bound(x)) is None:
+        out = _row_reduce(x, op, key)
+    return out
 
 
 def sum(x: Tensor) -> Tensor:  # noqa: A001 - mirrors torch.sum over the last dim
     """Sum over the last dimension."""
     if torch.compiler.is_compiling():
         return torch.ops.newt.sum(x)
-    return _call(("sum", x.shape, x.stride(), x.dtype, x.get_device()), (x,), (), _row_reduce, x, "sum")
+    return _reduce(x, "sum")
 
 
 def mean(x: Tensor) -> Tensor:
     """Mean over the last dimension."""
     if torch.compiler.is_compiling():
         return torch.ops.newt.mean(x)
-    return _call(("mean", x.shape, x.stride(), x.dtype, x.get_device()), (x,), (), _row_reduce, x, "mean")
+    return _reduce(x, "mean")
 
 
 def amax(x: Tensor) -> Tensor:
     """Maximum over the last dimension."""
     if torch.compiler.is_compiling():
         return torch.ops.newt.amax(x)
-    return _call(("amax", x.shape, x.stride(), x.dtype, x.get_device()), (x,), (), _row_reduce, x, "amax")
+    return _reduce(x, "amax")
 
 
 def add(x: Tensor, y: Tensor) -> Tensor:
@@ -538,7 +557,10 @@ def add(x: Tensor, y: Tensor) -> Tensor:
     if torch.compiler.is_compiling():
         return torch.ops.newt.add(x, y)
     key = ("add", x.shape, x.stride(), x.dtype, x.get_device(), y.shape, y.stride(), y.dtype)
-    return _call(key, (x, y), (), _add, x, y)
+    bound = _fast.get(key)
+    if bound is None or (out := bound(x, y)) is None:
+        out = _add(x, y, key)
+    return out
 
 
 def bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
@@ -546,14 +568,21 @@ def bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
     if torch.compiler.is_compiling():
         return torch.ops.newt.bias_gelu(x, bias)
     key = ("bias_gelu", x.shape, x.stride(), x.dtype, x.get_device(), bias.shape, bias.stride(), bias.dtype)
-    return _call(key, (x, bias), (), _bias_gelu, x, bias)
+    bound = _fast.get(key)
+    if bound is None or (out := bound(x, bias)) is None:
+        out = _bias_gelu(x, bias, key)
+    return out
 
 
 def transpose(x: Tensor) -> Tensor:
     """A contiguous transpose of a 2-D tensor (rows may be strided)."""
     if torch.compiler.is_compiling():
         return torch.ops.newt.transpose(x)
-    return _call(("transpose", x.shape, x.stride(), x.dtype, x.get_device()), (x,), (), _transpose, x)
+    key = ("transpose", x.shape, x.stride(), x.dtype, x.get_device())
+    bound = _fast.get(key)
+    if bound is None or (out := bound(x)) is None:
+        out = _transpose(x, key)
+    return out
 
 
 # ---- torch custom ops: torch.ops.newt.*, traced by torch.compile without a graph break ------------------
