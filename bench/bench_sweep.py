@@ -199,7 +199,8 @@ def plot(rows: list[dict], path) -> None:
     dts = [d for d in DTYPES if any(r["dtype"] == d for r in rows)]
     widths = sorted({r["width"] for r in rows})
     heights = sorted({r["rows"] for r in rows})
-    fig, axes = plt.subplots(len(ops), len(dts), figsize=(4.8 * len(dts), 2.6 * len(ops) + 0.6), squeeze=False)
+    fig, axes = plt.subplots(len(ops), len(dts), figsize=(5.5 * len(dts), 3.2 * len(ops) + 0.8), squeeze=False,
+                             layout="constrained")
     for i, op in enumerate(ops):
         for j, dt in enumerate(dts):
             ax = axes[i][j]
@@ -215,7 +216,10 @@ def plot(rows: list[dict], path) -> None:
             ax.set_xticks(range(len(widths)), [str(w) for w in widths], rotation=90, fontsize=6)
             ax.set_yticks(range(len(heights)), [str(h) for h in heights], fontsize=6)
             ax.set_title(f"{op} {dt}", fontsize=8)
-    fig.colorbar(im, ax=axes, shrink=0.6, label="newt / best of Triton and torch (above 1: newt faster)")
+    bar = fig.colorbar(im, ax=axes, shrink=0.6, label="newt / best of Triton and torch (above 1: newt faster)")
+    bar.set_ticks([0.5, 0.7, 0.95, 1.05, 1.5, 2.0], labels=["0.5", "0.7", "0.95", "1.05", "1.5", "2"])
+    bar.minorticks_off()
+    fig.suptitle("row ops: newt / the better of Triton and torch, per width (x) and rows (y)")
     fig.savefig(path, dpi=130)
 
 
