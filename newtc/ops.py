@@ -300,15 +300,18 @@ def _float(x: Tensor, what: str) -> None:
 
 
 def _configure(op: str, x2: Tensor, out_stride: int) -> tuple[Plan, dict]:
-    """The plan for x2 ([rows, n_cols]) and the constexprs every row kernel takes: VEC (elements per
-    16 bytes) and SHIFT (rows start off 16-byte boundaries, and the output's rows at the same offsets)."""
+    """The plan for x2 ([rows, n_cols]) and the constexprs every row kernel takes: VEC (elements per 16
+    bytes), SHIFT (rows start off 16-byte boundaries, and the output's rows at the same offsets) and DIV
+    (a power of two up to VEC dividing n_cols and the strides: a width of 1000 or 3000 is not a multiple of
+    16, which the launch specializes on, but whole 16-byte groups of it are still provably unmasked)."""
     rows, n = x2.shape
     s, stride = x2.element_size(), x2.stride(0)
     vec = 16 // s
     shift = stride % vec != 0 and stride % vec == out_stride % vec
     # several rows per program prove their vector accesses from the first row's: every row on a boundary
     grouped = shift or (stride % vec == 0 and out_stride % vec == 0)
-    return plan(op, rows, n, s, shift, gpu(x2.get_device()), grouped), dict(VEC=vec, SHIFT=shift)
+    meta = dict(VEC=vec, SHIFT=shift, DIV=math.gcd(n, stride, out_stride, vec))
+    return plan(op, rows, n, s, shift, gpu(x2.get_device()), grouped), meta
 
 
 def _looped_meta(p: Plan, meta: dict) -> dict:
