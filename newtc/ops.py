@@ -58,6 +58,7 @@ def _cdiv(a: int, b: int) -> int:
 
 LATENCY = 0.9e-6  # seconds: DRAM latency under load
 SM_BANDWIDTH = 36e9  # bytes/s: an SM's share of DRAM bandwidth (4.8 TB/s over 132 SMs)
+SM_PEAK = 100e9  # bytes/s: what one SM can take while most are idle (64 bytes per clock from L2)
 L2_SPEEDUP = 2.0  # a read that hits L2 costs half of one from DRAM (L2 bandwidth is 2-3x DRAM's)
 L2_SHARE = 0.5  # the part of L2 that a second pass over recently read rows can count on (writes take the rest)
 LAUNCH = 2e-6  # seconds: what a dependent second kernel adds (launch gap, ramp up and down)
@@ -71,6 +72,9 @@ MAX_ROW = {"softmax": 32768, "cross_entropy": 32768, "norm": 16384}  # widest ro
 MAX_PARTS = 1024  # chunks per row in a split plan
 TOLERANCE = 1.03  # a preferred candidate within 3% of the fastest wins: the model ranks, it does not measure
 TRAFFIC = {"softmax": 2, "norm": 2, "cross_entropy": 1}  # row passes to DRAM at best: read + write, or read
+REDUCE = 0.6  # a program's reductions, in units of its loading time. A program that stores no rows leaves its
+# SM's memory idle through them unless another is loading meanwhile (measured on an H200: cross-entropy with
+# 64 KB rows in registers, one program per SM, ran at 0.61x of the looped kernel); stores overlap them
 
 
 @dataclass(frozen=True)
@@ -119,12 +123,17 @@ def resident(g: Gpu, warps: int, regs: int) -> int:
     return min(g.ctas, g.warps // warps, g.regs // (per_warp * warps))
 
 
-def seconds(g: Gpu, programs: int, per_sm: int, in_flight: int, dram: float, l2: float = 0.0) -> float:
+def seconds(g: Gpu, programs: int, per_sm: int, in_flight: int, dram: float, l2: float = 0.0,
+            stores: bool = True) -> float:
     """The time of one kernel of `programs` equal programs, up to `per_sm` of them resident per SM, each
     with `in_flight` bytes of loads outstanding, moving `dram` bytes from DRAM and `l2` from L2: full waves
-    of programs, then the last, part-full one."""
+    of programs, then the last, part-full one. Without `stores`, an SM's memory idles through a lone
+    program's reductions (REDUCE)."""
     def rate(n: int) -> float:  # bytes/s of n programs running at once
-        return min(n, g.sms) * min(SM_BANDWIDTH, min(per_sm, _cdiv(n, g.sms)) * in_flight / LATENCY)
+        on_sm = min(per_sm, _cdiv(n, g.sms))
+        busy = 1.0 if stores else min(1.0, on_sm / (1 + REDUCE))
+        share = SM_BANDWIDTH if n >= g.sms else min(SM_PEAK, g.sms * SM_BANDWIDTH / n)  # idle SMs leave more
+        return min(n, g.sms) * busy * min(share, on_sm * in_flight / LATENCY)
 
     full, last = divmod(programs, g.sms * per_sm)
     work = (dram + l2 / L2_SPEEDUP) / programs
@@ -149,7 +158,8 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
             if per_sm:
                 row_bytes = n_cols * itemsize
                 yield Plan("rows", block, warps, rows=rows, seconds=seconds(
-                    g, _cdiv(n_rows, rows), per_sm, min(rows, n_rows) * row_bytes, TRAFFIC[op] * n_rows * row_bytes))
+                    g, _cdiv(n_rows, rows), per_sm, min(rows, n_rows) * row_bytes, TRAFFIC[op] * n_rows * row_bytes,
+                    stores=op != "cross_entropy"))
 
 
 def _looped(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu):
@@ -165,7 +175,7 @@ def _looped(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu)
         reread = total if op != "cross_entropy" else 0.0
         yield Plan("looped", block, warps, seconds=seconds(
             g, n_rows, per_sm, min(block, n_cols + lead) * itemsize,
-            (TRAFFIC[op] - 1) * total + total + reread * (1 - hit), reread * hit))
+            (TRAFFIC[op] - 1) * total + total + reread * (1 - hit), reread * hit, stores=op != "cross_entropy"))
 
 
 def _split(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu):
@@ -183,7 +193,7 @@ def _split(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu):
             if actual < 2:
                 break
             programs = actual * n_rows
-            t = LAUNCH + seconds(g, programs, per_sm, block * itemsize, total)
+            t = LAUNCH + seconds(g, programs, per_sm, block * itemsize, total, stores=False)
             if op != "cross_entropy":
                 t += seconds(g, programs, per_sm, block * itemsize, total * (1 - hit) + total, total * hit)
             yield Plan("split", block, warps, parts=actual, chunk=chunk, seconds=t)

@@ -201,9 +201,15 @@ def test_seconds_follows_littles_law():
     g = Gpu()
     full = ops.seconds(g, 132, 1, 64 * 1024, 1e9)
     assert full == pytest.approx(1e9 / (132 * ops.SM_BANDWIDTH))
-    assert ops.seconds(g, 132, 1, 16 * 1024, 1e9) > full  # too little in flight per SM
-    assert ops.seconds(g, 66, 1, 64 * 1024, 1e9) == pytest.approx(2 * full)  # half the SMs
+    small = ops.seconds(g, 132, 1, 16 * 1024, 1e9)
+    assert small == pytest.approx(full * ops.SM_BANDWIDTH * ops.LATENCY / (16 * 1024))  # too little in flight
+    # half the SMs take up to twice their share while the others idle, if they have the bytes in flight
+    assert ops.seconds(g, 66, 1, 96 * 1024, 1e9) == pytest.approx(full)
+    assert ops.seconds(g, 66, 1, 16 * 1024, 1e9) == pytest.approx(2 * small)
     assert ops.seconds(g, 133, 1, 64 * 1024, 1e9) > full  # a second, nearly empty wave
+    # a lone program with nothing to store leaves memory idle through its reductions; a second one fills it
+    assert ops.seconds(g, 132, 1, 64 * 1024, 1e9, stores=False) == pytest.approx(full * (1 + ops.REDUCE))
+    assert ops.seconds(g, 264, 2, 64 * 1024, 2e9, stores=False) == pytest.approx(2 * full)
 
 
 # ---- the bound (cached) path on the GPU --------------------------------------------------------------
