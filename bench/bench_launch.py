@@ -114,17 +114,9 @@ def host_path(n: int = 20000) -> Table:
     in the interpreter and is then bound with the driver call replaced by nothing (no GPU needed)."""
     import torch
     from newtc import ops
-    real_run = ops._run
     ops._bind = lambda kernel, args, meta, device: (lambda stream, values, *grid: None)
     ops._raw_stream = lambda device: 0
-
-    def run_and_bind(key, steps, alloc, inputs, scalars=(), x=None):
-        out = real_run(key, steps, alloc, inputs, scalars, x)
-        if key is not None:
-            values = inputs + scalars + alloc(inputs[0] if x is None else x)
-            ops._fast[key] = ops._bound(steps, values, len(inputs), len(scalars), -1)
-        return out
-    ops._run = run_and_bind
+    ops._bindable = lambda tensors: True
     rows = []
     for name, newt, ref in tiny_ops("cpu"):
         newt()

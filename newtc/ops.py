@@ -284,12 +284,16 @@ def _run(key, steps, alloc, inputs: tuple, scalars: tuple = (), x: Tensor | None
     values = inputs + scalars + outputs
     for kernel, grid, args, meta in steps:
         kernel[grid](*(values[a.i] if isinstance(a, _In) else a for a in args), **meta)
-    tensors = inputs + outputs
-    if key is not None and not jit.INTERPRET and inputs[0].is_cuda and all(t.data_ptr() % 16 == 0 for t in tensors):
+    if key is not None and _bindable(inputs + outputs):
         bound = _bound(steps, values, len(inputs), len(scalars), inputs[0].get_device())
         if bound is not None:
             _fast[key] = bound
     return outputs[0]
+
+
+def _bindable(tensors: tuple) -> bool:
+    """Launches on these tensors can be bound: on the GPU (not under NEWT_INTERPRET), 16-byte aligned."""
+    return not jit.INTERPRET and tensors[0].is_cuda and all(t.data_ptr() % 16 == 0 for t in tensors)
 
 
 def _like(x: Tensor) -> tuple:

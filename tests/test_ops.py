@@ -157,6 +157,40 @@ def test_every_plan(device, dtype, monkeypatch):
             check_row_ops(x, dtype)
 
 
+def test_bound_path_launches_what_the_general_path_launched(monkeypatch):
+    """The launch path made for a key (on the GPU after a first call; forced here on the CPU with the
+    driver call recorded instead) passes every kernel of every kind of plan the values the general path
+    passed: the same inputs and constants, and the outputs it returns."""
+    launched = []
+
+    def bind(kernel, args, meta, device):
+        first = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+        return lambda stream, values, *grid: launched.append((kernel.name, values, grid, first))
+
+    monkeypatch.setattr(ops, "_bind", bind)
+    monkeypatch.setattr(ops, "_raw_stream", lambda device: 0)
+    monkeypatch.setattr(ops, "_bindable", lambda tensors: True)
+    monkeypatch.setattr(ops, "_fast", {})
+    x, t = torch.randn(3, 1500), torch.randint(0, 1500, (3,))
+    w, b = torch.randn(1500), torch.randn(1500)
+    calls = [lambda: ops.softmax(x), lambda: ops.log_softmax(x), lambda: ops.cross_entropy(x, t),
+             lambda: ops.layernorm(x, w, b, 1e-5), lambda: ops.layernorm(x, w, None), lambda: ops.rmsnorm(x, w)]
+    inputs = {x.data_ptr(), t.data_ptr(), w.data_ptr(), b.data_ptr()}
+    for p in forced_plans(1500, 4, False, True):
+        monkeypatch.setattr(ops, "plan", lambda *args, p=p: p)
+        ops._fast.clear()
+        for call in calls:
+            call()  # the general path: the interpreter, then bound for this key
+            launched.clear()
+            out = call()  # the bound path
+            assert launched and all(grid for _, _, grid, _ in launched)
+            for name, values, grid, first in launched:
+                assert len(values) == len(first), name
+                for v, f in zip(values, first):  # outputs are new tensors: their pointers differ
+                    assert v == f or (f not in inputs and isinstance(v, int) and v % 16 == 0), (name, values, first)
+            assert any(out.data_ptr() in values for _, values, _, _ in launched)
+
+
 # ---- the model ------------------------------------------------------------------------------------
 WIDTHS = [1, 7, 64, 100, 768, 1000, 1024, 3000, 4096, 5120, 11008, 16384, 32768, 50257, 65536, 128256, 262144, 10**6]
 ROWS = [1, 3, 8, 128, 1024, 4096, 32768]
@@ -220,8 +254,7 @@ def test_repeated_calls_take_the_bound_path():
     ref = F.layer_norm(x, (1000,), w, None)
     for _ in range(3):  # the first call binds, the next ones launch the bound kernels
         close(ops.layernorm(x, w, None), ref, torch.float32)
-    key = ("layernorm", x.shape, x.stride(), x.dtype, 0, w.dtype, w.stride(), w.dtype, w.stride())
-    assert key in ops._fast
+    assert any(key[:3] == ("layernorm", x.shape, x.stride()) for key in ops._fast)
     close(ops.layernorm(x.flatten()[1:300001].view(300, 1000), w, None),  # off 16 bytes: the general path
           F.layer_norm(x.flatten()[1:300001].view(300, 1000), (1000,), w, None), torch.float32)
     for x in (torch.randn(2, 262144, device="cuda"), torch.randn(8, 50257, device="cuda", dtype=torch.bfloat16)):
