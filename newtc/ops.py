@@ -468,7 +468,9 @@ def _bias_gelu(x: Tensor, bias: Tensor, key=None) -> Tensor:
 def _transpose(x: Tensor, key=None) -> Tensor:
     if x.dim() != 2:
         raise NkError(f"transpose takes a 2-D tensor, got {x.dim()}-D")
-    if x.stride(1) != 1:
+    # rows off 16-byte boundaries are copied: the analysis would take the first row's alignment for all
+    # (passes/axisinfo.py: the divisibility of rm[:, None] * x_stride), and M, N multiples of 16 prove the masks
+    if x.stride(1) != 1 or x.stride(0) % (16 // x.element_size()):
         x, key = x.contiguous(), None
     (m, n), bm, bn = x.shape, 32, 32
     steps = [(_stdlib("transpose").transpose, (_cdiv(m, bm), _cdiv(n, bn)), (A, B, m, n, x.stride(0), m),
