@@ -137,7 +137,8 @@ def seconds(g: Gpu, programs: int, per_sm: int, in_flight: int, dram: float, l2:
 
     full, last = divmod(programs, g.sms * per_sm)
     work = (dram + l2 / L2_SPEEDUP) / programs
-    return (full * g.sms * per_sm * work / rate(g.sms * per_sm) if full else 0.0) + (last * work / rate(last) if last else 0.0)
+    wave = g.sms * per_sm
+    return (full * wave * work / rate(wave) if full else 0.0) + (last * work / rate(last) if last else 0.0)
 
 
 def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: Gpu, n_rows: int):
@@ -152,7 +153,8 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
         tile = rows * block * itemsize
         for warps in (1, 2, 4, 8, 16, 32):
             per_thread = tile // (32 * warps)
-            if per_thread > THREAD_BYTES or per_thread < min(16, tile // 32) or (warps < MIN_WARPS and tile >= MIN_WARPS * 512):
+            too_few = warps < MIN_WARPS and tile >= MIN_WARPS * 512
+            if per_thread > THREAD_BYTES or per_thread < min(16, tile // 32) or too_few:
                 continue
             per_sm = resident(g, warps, registers(rows * block // (32 * warps)))
             if per_sm:
@@ -267,8 +269,8 @@ def _bound(steps, values: tuple, n_inputs: int, n_scalars: int, device: int):
              "    stream = raw_stream(device)"]
     for k, (kernel, grid, args, meta) in enumerate(steps):
         scope[f"launch{k}"] = _bind(kernel, tuple(values[a.i] if isinstance(a, _In) else a for a in args), meta, device)
-        lines.append(f"    launch{k}(stream, ({', '.join(value[a.i] if isinstance(a, _In) else repr(a) for a in args)},), "
-                     f"{', '.join(map(str, grid))})")
+        passed = ", ".join(value[a.i] if isinstance(a, _In) else repr(a) for a in args)
+        lines.append(f"    launch{k}(stream, ({passed},), {', '.join(map(str, grid))})")
     exec(compile("\n".join(lines + ["    return o0"]) + "\n", "<newt op>", "exec"), scope)
     return scope["call"]
 
@@ -305,7 +307,8 @@ def _rows(x: Tensor) -> Tensor:
     """x as [rows, n_cols] with unit column stride: a view where one exists, else a contiguous copy."""
     if x.dim() == 2 and x.stride(1) == 1:
         return x
-    return x.reshape(-1, x.shape[-1] if x.dim() else 1) if x.is_contiguous() else x.contiguous().reshape(-1, x.shape[-1])
+    n = x.shape[-1] if x.dim() else 1
+    return x.reshape(-1, n) if x.is_contiguous() else x.contiguous().reshape(-1, n)
 
 
 def _float(x: Tensor, what: str) -> None:
