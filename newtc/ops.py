@@ -188,18 +188,19 @@ def _split(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu):
     for warps in (4, 8, 16):
         block = LOOP_ELEMS * 32 * warps
         per_sm = resident(g, warps, registers(LOOP_ELEMS))
-        parts = 2
+        parts, seen = 2, 0
         while parts <= MAX_PARTS:
             chunk = _cdiv(_cdiv(n_cols + lead, parts), block) * block
             actual = _cdiv(n_cols + lead, chunk)
-            if actual < 2:
+            parts *= 2
+            if actual < 2 or actual == seen:  # no split left, or the same chunks as the last candidate's
                 break
+            seen = actual
             programs = actual * n_rows
             t = LAUNCH + seconds(g, programs, per_sm, block * itemsize, total, stores=False)
             if op != "cross_entropy":
                 t += seconds(g, programs, per_sm, block * itemsize, total * (1 - hit) + total, total * hit)
             yield Plan("split", block, warps, parts=actual, chunk=chunk, seconds=t)
-            parts *= 2
 
 
 @functools.lru_cache(maxsize=4096)
