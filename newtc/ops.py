@@ -99,13 +99,15 @@ def gpu(device: int) -> Gpu:
 @dataclass(frozen=True)
 class Plan:
     """A launch configuration. kind: "rows" (ROWS whole rows per program), "looped" (a program per row)
-    or "split" (`parts` programs per row of `chunk` columns each). block: the row block, or the loop's."""
+    or "split" (`parts` programs per row of `chunk` columns each). block: the row block (and `tail`, a
+    second, smaller one after it), or the loop's."""
     kind: str
     block: int
     warps: int
     rows: int = 1
     parts: int = 1
     chunk: int = 0
+    tail: int = 0
     seconds: float = 0.0  # the model's estimate, for benchmarks and debugging
 
 
@@ -141,27 +143,38 @@ def seconds(g: Gpu, programs: int, per_sm: int, in_flight: int, dram: float, l2:
     return (full * wave * work / rate(wave) if full else 0.0) + (last * work / rate(last) if last else 0.0)
 
 
+def _covers(width: int) -> list[tuple[int, int]]:
+    """(block, tail) pairs of powers of two that cover a row: the next power of two, and where the row
+    passes a power of two by at most half of it, that one and a smaller tail (5120: 8192, or 4096 + 1024)."""
+    block = _pow2(width)
+    tail = _pow2(width - block // 2) if block > 1 else block
+    return [(block, 0)] + ([(block // 2, tail)] if tail < block // 2 else [])
+
+
 def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: Gpu, n_rows: int):
-    """Whole-row candidates in order of preference: ROWS (up to `group`) nearest to programs of PROGRAM_BYTES,
-    then fewest warps (the most of the row per thread, up to THREAD_BYTES)."""
-    block = _pow2(n_cols + lead)
-    if block > MAX_ROW[op]:
-        return
+    """Whole-row candidates in order of preference: one block before a block and a tail, then ROWS (up to
+    `group`) nearest to programs of PROGRAM_BYTES, then fewest warps (the most of the row per thread, up to
+    THREAD_BYTES). Masked lanes cost registers, so occupancy, but no bytes."""
     preferred = max(1, PROGRAM_BYTES // (n_cols * itemsize))
-    options = [1 << k for k in range(_pow2(group).bit_length()) if (1 << k) * block <= max(block, 16384)]
-    for rows in sorted(options, key=lambda r: (abs(math.log2(r / preferred)), r)):
-        tile = rows * block * itemsize
-        for warps in (1, 2, 4, 8, 16, 32):
-            per_thread = tile // (32 * warps)
-            too_few = warps < MIN_WARPS and tile >= MIN_WARPS * 512
-            if per_thread > THREAD_BYTES or per_thread < min(16, tile // 32) or too_few:
-                continue
-            per_sm = resident(g, warps, registers(rows * block // (32 * warps)))
-            if per_sm:
-                row_bytes = n_cols * itemsize
-                yield Plan("rows", block, warps, rows=rows, seconds=seconds(
-                    g, _cdiv(n_rows, rows), per_sm, min(rows, n_rows) * row_bytes, TRAFFIC[op] * n_rows * row_bytes,
-                    stores=op != "cross_entropy"))
+    for block, tail in _covers(n_cols + lead):
+        width = block + tail
+        if width > MAX_ROW[op]:
+            continue
+        options = [1 << k for k in range(_pow2(group).bit_length()) if (1 << k) * width <= max(width, 16384)]
+        for rows in sorted(options, key=lambda r: (abs(math.log2(r / preferred)), r)):
+            tile = rows * width * itemsize
+            for warps in (1, 2, 4, 8, 16, 32):
+                per_thread = tile // (32 * warps)
+                too_few = warps < MIN_WARPS and tile >= MIN_WARPS * 512
+                if per_thread > THREAD_BYTES or per_thread < min(16, tile // 32) or too_few or \
+                        tail and rows * tail * itemsize < 32 * warps * 16:  # a tail gives every thread a vector
+                    continue
+                per_sm = resident(g, warps, registers(rows * width // (32 * warps)))
+                if per_sm:
+                    row_bytes = n_cols * itemsize
+                    yield Plan("rows", block, warps, rows=rows, tail=tail, seconds=seconds(
+                        g, _cdiv(n_rows, rows), per_sm, min(rows, n_rows) * row_bytes, TRAFFIC[op] * n_rows * row_bytes,
+                        stores=op != "cross_entropy"))
 
 
 def _looped(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu):
@@ -354,7 +367,7 @@ def _softmax_steps(x2: Tensor, log: bool) -> tuple:
     mod = _stdlib("softmax")
     if p.kind == "rows":
         return [(mod.softmax, (_cdiv(rows, p.rows),), (A, B, rows, n, stride, n),
-                 dict(BLOCK=p.block, ROWS=p.rows, LOG=log, num_warps=p.warps, **meta))], _like
+                 dict(BLOCK=p.block, TAIL=p.tail, ROWS=p.rows, LOG=log, num_warps=p.warps, **meta))], _like
     if p.kind == "looped":
         return [(mod.softmax_looped, (rows,), (A, B, n, stride, n), dict(LOG=log, **_looped_meta(p, meta)))], _like
     return [(mod.row_partials, (p.parts, rows), (A, C, n, stride, p.chunk), _looped_meta(p, meta)),
@@ -382,7 +395,7 @@ def _cross_entropy_steps(x2: Tensor) -> tuple:
     mod = _stdlib("softmax")
     if p.kind == "rows":
         return [(mod.cross_entropy, (_cdiv(rows, p.rows),), (A, B, C, rows, n, stride),
-                 dict(BLOCK=p.block, ROWS=p.rows, num_warps=p.warps, **meta))], _losses
+                 dict(BLOCK=p.block, TAIL=p.tail, ROWS=p.rows, num_warps=p.warps, **meta))], _losses
     if p.kind == "looped":
         return [(mod.cross_entropy_looped, (rows,), (A, B, C, n, stride), _looped_meta(p, meta))], _losses
     return [(mod.row_partials, (p.parts, rows), (A, D, n, stride, p.chunk), _looped_meta(p, meta)),
@@ -410,7 +423,7 @@ def _norm_steps(x2: Tensor, rms: bool, bias: bool) -> tuple:
     mod = _stdlib("norm")
     if p.kind == "rows":
         return [(mod.norm, (_cdiv(rows, p.rows),), (A, B, C, E, rows, n, stride, n, D),
-                 dict(BLOCK=p.block, ROWS=p.rows, RMS=rms, BIAS=bias, num_warps=p.warps, **meta))], _like
+                 dict(BLOCK=p.block, TAIL=p.tail, ROWS=p.rows, RMS=rms, BIAS=bias, num_warps=p.warps, **meta))], _like
     if p.kind == "looped":
         return [(mod.norm_looped, (rows,), (A, B, C, E, n, stride, n, D),
                  dict(RMS=rms, BIAS=bias, **_looped_meta(p, meta)))], _like

@@ -119,7 +119,9 @@ ROW_SPECS = [
     *launched("cross_entropy", f32, (8, 50257), LOOP, RED),  # split, off boundaries
     *launched("layernorm", f16, (16384, 4096), (*RED, *VEC)),  # whole rows
     *launched("rmsnorm", bf16, (32768, 128), (*RED, *VEC)),  # several rows per program
-    *launched("layernorm", bf16, (4096, 5120), (*RED, *VEC)),
+    *launched("layernorm", bf16, (4096, 5120), (*RED, *VEC)),  # a block and a tail (4096 + 1024)
+    *launched("softmax", f16, (4096, 11008), (*RED, *VEC)),
+    *launched("cross_entropy", bf16, (4096, 3000), (*RED, "LDG.E.128")),
     *launched("layernorm", f32, (1024, 32768), (*LOOP, "STG.E.128")),  # looped
     *launched("rmsnorm", bf16, (1024, 50257), LOOP),  # looped, off boundaries (SHIFT_STORES)
     *launched("layernorm", bf16, (8, 128256), LOOP, VEC),  # split
@@ -268,11 +270,14 @@ def lines_of(source: str, needle: str) -> set[int | None]:
     return {line for _, line, text in nk_lines(body) if needle in text}
 
 
-def line_of(stem: str, needle: str) -> int:
-    """The 1-based line of stdlib/<stem>.nk holding `needle` (found, not hard-coded: stdlib files change)."""
+def line_of(stem: str, needle: str, after: str = "") -> int:
+    """The 1-based line of stdlib/<stem>.nk holding `needle`, the first after the line holding `after` if
+    given, else the only one (found, not hard-coded: stdlib files change)."""
     lines = (STDLIB / f"{stem}.nk").read_text().splitlines()
-    (found,) = [i + 1 for i, t in enumerate(lines) if needle in t]
-    return found
+    start = next(i for i, t in enumerate(lines) if after in t) if after else 0
+    found = [i + 1 for i, t in enumerate(lines) if needle in t and i >= start]
+    assert found and (after or len(found) == 1), (needle, found)
+    return found[0]
 
 
 def test_line_directives_point_at_the_nk_source():
@@ -298,14 +303,15 @@ def test_line_directives_point_at_the_nk_source():
 
 def test_line_directives_in_softmax():
     src = generated(by_id(SOFTMAX)).source
-    exp = line_of("softmax", "num = exp(v)")
-    vmax = line_of("softmax", "v = v - max(v, axis=1)[:, None]")
-    div = line_of("softmax", "num / sum(num, axis=1)[:, None]")
+    exp = line_of("softmax", "num = exp(v - mx[:, None])")
+    vmax = line_of("softmax", "mx = max(v, axis=1)", after="kernel softmax(")
+    vsum = line_of("softmax", "total = sum(num, axis=1)")
+    div = line_of("softmax", "num / total[:, None]")
     assert lines_of(src, "nk_exp(") == {exp}
-    assert lines_of(src, "__shfl_xor_sync") == {vmax, div}  # max(v) and sum(num)
+    assert lines_of(src, "__shfl_xor_sync") == {vmax, vsum}  # max(v) and sum(num)
     assert lines_of(src, "nk_div(") == {div}
     log = generated(by_id("softmax.softmax-log_softmax-bf16-8192x4096")).source
-    assert lines_of(log, "nk_log(") == {line_of("softmax", "v - log(sum(num, axis=1))[:, None]")}
+    assert lines_of(log, "nk_log(") == {line_of("softmax", "v - (mx + log(total))[:, None]")}
 
 
 def test_nvrtc_error_names_the_nk_line():

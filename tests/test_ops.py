@@ -140,6 +140,7 @@ def forced_plans(n: int, itemsize: int, shift: bool, grouped: bool):
     if grouped:
         yield Plan("rows", ops._pow2(n + lead), 1, rows=4)
     yield Plan("rows", ops._pow2(n + lead), 2)
+    yield Plan("rows", 512, 1, tail=ops._pow2(n + lead - 512), rows=2 if grouped else 1)  # a block and a tail
     yield Plan("looped", loop, 1)
     yield Plan("split", loop, 1, parts=math.ceil((n + lead) / chunk), chunk=chunk)
 
@@ -210,8 +211,9 @@ def test_plan_covers_every_shape(op):
                     assert p.warps in (1, 2, 4, 8, 16, 32) and p.seconds > 0
                     assert p.block & (p.block - 1) == 0 and p.rows & (p.rows - 1) == 0
                     if p.kind == "rows":
-                        assert n + lead <= p.block <= ops.MAX_ROW[op] and p.rows <= ops._pow2(rows)
-                        assert p.rows * p.block * itemsize <= 32 * p.warps * ops.THREAD_BYTES
+                        assert n + lead <= p.block + p.tail <= ops.MAX_ROW[op] and p.rows <= ops._pow2(rows)
+                        assert p.tail & (p.tail - 1) == 0 and p.tail < p.block
+                        assert p.rows * (p.block + p.tail) * itemsize <= 32 * p.warps * ops.THREAD_BYTES
                     else:
                         assert p.block >= ops.LOOP_ELEMS * 32 * p.warps
                     if p.kind == "split":
@@ -228,6 +230,9 @@ def test_plan_shapes_the_launch_to_the_input():
     # short rows are grouped; rows that fit in registers stay there
     assert ops.plan("norm", 32768, 64, 4, False, g).rows >= 8
     assert ops.plan("softmax", 8192, 4096, 4, False, g).kind == "rows"
+    # 5120 halves: a block of 4096 and a tail of 1024, not 8192 lanes of which 3072 are masked
+    wide = ops.plan("norm", 4096, 5120, 2, False, g)
+    assert (wide.kind, wide.block, wide.tail) == ("rows", 4096, 1024)
     # fewer SMs: a smaller GPU needs fewer chunks to fill
     small = ops.plan("cross_entropy", 8, 128256, 2, False, Gpu(sms=16))
     assert small.parts < ops.plan("cross_entropy", 8, 128256, 2, False, g).parts
