@@ -1,5 +1,11 @@
-"""Launch cost of a cached tiny kernel from Python: newt, Triton, torch, and a raw ctypes cuLaunchKernel."""
+"""Launch cost from Python: a cached tiny kernel (newt, Triton, torch, a raw ctypes cuLaunchKernel), and the
+ops of newtc.ops on tiny tensors against the same torch ops.
+
+    python bench/bench_launch.py [--quick]      # on the GPU
+    python bench/bench_launch.py --host         # anywhere: newtc.ops' Python path with the driver call stubbed
+"""
 import statistics
+import sys
 import time
 
 import common
@@ -44,6 +50,31 @@ def newt_launches(x, y, out):
     return launch, lambda: driver.launch(fn.func, (1, 1, 1), (fn.threads, 1, 1), fn.smem, stream, params)
 
 
+def tiny_ops(device: str):
+    """(name, newt call, torch call) of each op on a tiny tensor (4 x 128 f32)."""
+    import newtc
+    import torch
+    F = torch.nn.functional
+    x, y = torch.randn(4, 128, device=device), torch.randn(4, 128, device=device)
+    w, b = torch.randn(128, device=device), torch.randn(128, device=device)
+    t = torch.randint(0, 128, (4,), device=device)
+    ops = newtc.ops
+    return [("softmax", lambda: ops.softmax(x), lambda: torch.softmax(x, -1)),
+            ("layernorm", lambda: ops.layernorm(x, w, b), lambda: F.layer_norm(x, (128,), w, b)),
+            ("rmsnorm", lambda: ops.rmsnorm(x, w), lambda: F.rms_norm(x, (128,), w, 1e-6)),
+            ("cross_entropy", lambda: ops.cross_entropy(x, t), lambda: F.cross_entropy(x, t, reduction="none")),
+            ("add", lambda: ops.add(x, y), lambda: torch.add(x, y))]
+
+
+def op_rows(n: int, rounds: int) -> list[dict]:
+    rows = []
+    for name, newt, ref in tiny_ops("cuda"):
+        times = {"newt": us_per_launch(newt, n, rounds), "torch": us_per_launch(ref, n, rounds)}
+        rows.append({"kernel": f"newtc.ops.{name}, cached", "shape": "4x128 f32", "newt us": times["newt"],
+                     "torch us": times["torch"], "newt/torch": ratio(times["torch"], times["newt"])})
+    return rows
+
+
 def run(quick=False):
     import torch
     n, rounds = (2000, 3) if quick else (10000, 5)
@@ -72,8 +103,38 @@ def run(quick=False):
     row["newt/Triton"] = ratio(times["Triton"], times["newt"])
     return [Table("launch cost (us per launch, host clock)", [row],
                   f"{n} back-to-back launches of add with n=1 (torch: x.add_(1)), median of {rounds}; "
-                  "raw = newt's cached function and prebuilt params through newtc.driver.launch.")]
+                  "raw = newt's cached function and prebuilt params through newtc.driver.launch."),
+            Table("op call cost (us per call, host clock)", op_rows(n, rounds),
+                  f"{n} back-to-back calls of each op on a 4x128 f32 tensor, median of {rounds}: newtc.ops (its bound "
+                  "path after the first call) against the torch op; newt/torch above 1: newt's call is cheaper.")]
+
+
+def host_path(n: int = 20000) -> Table:
+    """newtc.ops' Python path on CPU tensors, as a CUDA call of a known shape takes it: the first call runs
+    in the interpreter and is then bound with the driver call replaced by nothing (no GPU needed)."""
+    import torch
+    from newtc import ops
+    ops._bind = lambda kernel, args, meta, device: (lambda stream, values, *grid: None)
+    ops._raw_stream = lambda device: 0
+    ops._bindable = lambda tensors: True
+    rows = []
+    for name, newt, ref in tiny_ops("cpu"):
+        newt()
+        times = []
+        for fn in (newt, ref):
+            for _ in range(200):
+                fn()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            times.append((time.perf_counter() - t0) / n * 1e6)
+        rows.append({"op": name, "newt host path us": times[0], "torch CPU op us": times[1]})
+    return Table("newtc.ops host path (driver call stubbed, CPU tensors)", rows,
+                 "The torch column runs the op itself on the CPU: a yardstick for the machine's speed only.")
 
 
 if __name__ == "__main__":
-    common.main(run)
+    if "--host" in sys.argv:
+        print(host_path().markdown())
+    else:
+        common.main(run)

@@ -1,9 +1,10 @@
 """Run the newt benchmarks against Triton and torch in one process and print one table each.
 
-    python bench/run.py [--only add,launch,firstcall,norms] [--quick]
+    python bench/run.py [--only add,launch,firstcall,norms,sweep] [--quick]
 
-With $OUT set, also writes $OUT/bench.md (the tables), $OUT/bench.json (the raw rows) and
-$OUT/ratios.png (newt/Triton per kernel)."""
+The sweep (every row op on widths x rows x dtypes, bench_sweep.py) runs only when --only names it: it
+takes minutes. With $OUT set, also writes $OUT/bench.md (the tables), $OUT/bench.json (the raw rows) and
+$OUT/ratios.png (newt/Triton per kernel), and the sweep's own files (see bench_sweep.py)."""
 import argparse
 import datetime
 import importlib
@@ -14,7 +15,9 @@ import subprocess
 import common
 from common import Table, failure
 
-BENCHES = {"add": "bench_add", "norms": "bench_norms", "launch": "bench_launch", "firstcall": "bench_firstcall"}
+BENCHES = {"add": "bench_add", "norms": "bench_norms", "launch": "bench_launch", "firstcall": "bench_firstcall",
+           "sweep": "bench_sweep"}
+DEFAULT = ("add", "norms", "launch", "firstcall")
 
 
 def header() -> str:
@@ -63,7 +66,8 @@ def plot(rows: list[dict], path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default=",".join(BENCHES), help=f"comma-separated subset of {','.join(BENCHES)}")
+    p.add_argument("--only", default=",".join(DEFAULT), help=f"comma-separated subset of {','.join(BENCHES)} "
+                   f"(default {','.join(DEFAULT)})")
     p.add_argument("--quick", action="store_true", help="fewer timed runs and processes")
     args = p.parse_args()
     only = args.only.split(",")

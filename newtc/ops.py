@@ -1,18 +1,25 @@
 """Ops on torch tensors backed by the stdlib `.nk` kernels: allocate outputs, pick the launch.
 
-CPU tensors run through the interpreter, CUDA tensors on the GPU.
+CPU tensors run through the interpreter, CUDA tensors on the GPU. The file reads in four parts:
+- the launch model: one configuration per shape (`plan`), for the row ops (softmax, log-softmax,
+  cross-entropy, layer norm, RMS norm);
+- launching: the general path, and the cached one a repeated call of the same shape takes;
+- the ops;
+- the same ops registered as torch custom ops (`torch.ops.newt.*`), so that torch.compile traces them.
 """
 from __future__ import annotations
 
-import torch
+import functools
+import math
+from dataclasses import dataclass
 
+import torch
+from torch import Tensor
+
+from . import driver, jit
 from .errors import NkError
 from .jit import load
 from .paths import data_dir
-
-MAX_ROW_BLOCK = 16384  # longest row kept whole in registers; longer rows loop over blocks
-WHOLE_ROW_BYTES = 8192  # cross-entropy rows up to this stay in registers: at 64 KB, 0.61x of the looped kernel
-
 
 _modules: dict = {}
 
@@ -29,152 +36,610 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _warps(block: int, itemsize: int) -> int:
-    """Warps for one row of `block` elements: 4 up to 16 KB, then one per 4 KB (measured on an H200:
-    f32 softmax up to 16384 columns, f16 layer norm at 4096 and 8192)."""
-    return max(4, min(16, block * itemsize // 4096))
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
-def _streamed(itemsize: int, warps: int) -> dict:
-    """Meta-parameters of row_stats (stdlib/softmax.nk): blocks of 4096 viewed per lane, VEC elements
-    per 16-byte vector (measured on an H200: 4096 and 8 warps within 1% of the best for f32, f16, bf16)."""
-    return dict(BLOCK=4096, WARPS=warps, VEC=16 // itemsize, num_warps=warps)
+# ---- the launch model: one configuration per shape --------------------------------------------------
+#
+# A row op moves bytes; its time is the bytes over the bandwidth the launch reaches. By Little's law an SM
+# with b bytes of loads in flight moves b / LATENCY bytes per second, up to its share of DRAM bandwidth,
+# so a configuration is judged by what it keeps in flight per SM: the programs resident on an SM
+# (occupancy, from warps and registers) times the bytes each has in flight (a whole row block, or one
+# block of a loop). Three shapes of program cover every shape of input:
+# - whole rows: ROWS rows of up to BLOCK columns in registers; one read, one write. BLOCK is a power of
+#   two, so a row of 5120 holds 8192 lanes: the masked lanes cost registers (occupancy) but no bytes;
+# - looped: one program per row, a pass for the statistics, a pass to write. The second pass reads from
+#   L2 what the rows in flight fit into it, and from DRAM the rest;
+# - split: few long rows cut into chunks, one program per chunk, and a second kernel (LAUNCH) that
+#   merges each row's partial statistics and writes; its reads hit L2 as far as the input fits there.
+# Every candidate of the three is timed by the model and the preferred one within TOLERANCE of the
+# fastest wins. The constants are an H200's; only their ratios matter between candidates.
+
+LATENCY = 0.9e-6  # seconds: DRAM latency under load
+SM_BANDWIDTH = 36e9  # bytes/s: an SM's share of DRAM bandwidth (4.8 TB/s over 132 SMs)
+SM_PEAK = 100e9  # bytes/s: what one SM can take while most are idle (64 bytes per clock from L2)
+L2_SPEEDUP = 2.0  # a read that hits L2 costs half of one from DRAM (L2 bandwidth is 2-3x DRAM's)
+L2_SHARE = 0.5  # the part of L2 that a second pass over recently read rows can count on (writes take the rest)
+LAUNCH = 2e-6  # seconds: what a dependent second kernel adds (launch gap, ramp up and down)
+THREAD_BYTES = 128  # the most of a row block one thread holds: 8 16-byte vectors (32 f32 or 64 f16 values);
+# measured on an H200 the best up to rows of 16 KB (f32 softmax at 4096 and 16384, f16 layer norm at 8192)
+MIN_WARPS = 4  # whole-row programs: fewer warps only for blocks too small to give 4 warps a vector each
+PROGRAM_BYTES = 4096  # short rows are grouped until a program moves this much (f32 rows of 1024 by one)
+LOOP_ELEMS = 16  # elements per thread in each block of a loop
+MAX_ROW = {"softmax": 32768, "cross_entropy": 32768, "norm": 16384}  # widest row block kept in registers: 32
+# values per thread at 1024 threads, the most without spills (NVRTC for sm_80/sm_90a: the norm spills at 32768)
+MAX_PARTS = 1024  # chunks per row in a split plan
+TOLERANCE = 1.03  # a preferred candidate within 3% of the fastest wins: the model ranks, it does not measure
+TRAFFIC = {"softmax": 2, "norm": 2, "cross_entropy": 1}  # row passes to DRAM at best: read + write, or read
+REDUCE = 0.6  # a program's reductions, in units of its loading time. A program that stores no rows leaves its
+# SM's memory idle through them unless another is loading meanwhile (measured on an H200: cross-entropy with
+# 64 KB rows in registers, one program per SM, ran at 0.61x of the looped kernel); stores overlap them
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """x as [rows, n_cols] with unit column stride; row-strided 2-D views are kept as they are."""
-    if x.dim() == 0:
-        x = x.reshape(1, 1)
+@dataclass(frozen=True)
+class Gpu:
+    """What the model needs of a GPU. The defaults (an H100/H200) plan CPU tensors for the interpreter."""
+    sms: int = 132
+    l2_bytes: int = 50 * 2**20
+    regs: int = 65536  # 32-bit registers per SM
+    warps: int = 64  # resident warps per SM
+    ctas: int = 32  # resident programs per SM
+
+
+@functools.cache
+def gpu(device: int) -> Gpu:
+    if device < 0:
+        return Gpu()
+    p = torch.cuda.get_device_properties(device)
+    return Gpu(p.multi_processor_count, p.L2_cache_size or Gpu.l2_bytes, getattr(p, "regs_per_multiprocessor", 65536),
+               p.max_threads_per_multi_processor // 32)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A launch configuration. kind: "rows" (ROWS whole rows per program), "looped" (a program per row)
+    or "split" (`parts` programs per row of `chunk` columns each). block: the row block (and `tail`, a
+    second, smaller one after it), or the loop's."""
+    kind: str
+    block: int
+    warps: int
+    rows: int = 1
+    parts: int = 1
+    chunk: int = 0
+    tail: int = 0
+    seconds: float = 0.0  # the model's estimate, for benchmarks and debugging
+
+
+def registers(values: int) -> int:
+    """Registers per thread holding `values` f32 values of a row block: NVRTC's counts for the stdlib row
+    kernels on sm_90a lie at or under this line (softmax 53 and layer norm 59 at 32 values, 93 and 107 at 64)."""
+    return 24 + 2 * values
+
+
+def resident(g: Gpu, warps: int, regs: int) -> int:
+    """Programs resident per SM: limited by warps, by registers (allocated per warp, 256 at a time) and by
+    the hardware's cap on resident blocks. A kernel's launch bounds make the compiler fit the registers of
+    one program per SM (MAX_ROW keeps that free of spills)."""
+    per_warp = _cdiv(min(regs, 255, g.regs // (32 * warps)) * 32, 256) * 256
+    return min(g.ctas, g.warps // warps, g.regs // (per_warp * warps))
+
+
+def seconds(g: Gpu, programs: int, per_sm: int, in_flight: int, dram: float, l2: float = 0.0,
+            stores: bool = True) -> float:
+    """The time of one kernel of `programs` equal programs, up to `per_sm` of them resident per SM, each
+    with `in_flight` bytes of loads outstanding, moving `dram` bytes from DRAM and `l2` from L2: full waves
+    of programs, then the last, part-full one. Without `stores`, an SM's memory idles through a lone
+    program's reductions (REDUCE)."""
+    def rate(n: int) -> float:  # bytes/s of n programs running at once
+        on_sm = min(per_sm, _cdiv(n, g.sms))
+        busy = 1.0 if stores else min(1.0, on_sm / (1 + REDUCE))
+        share = SM_BANDWIDTH if n >= g.sms else min(SM_PEAK, g.sms * SM_BANDWIDTH / n)  # idle SMs leave more
+        return min(n, g.sms) * busy * min(share, on_sm * in_flight / LATENCY)
+
+    full, last = divmod(programs, g.sms * per_sm)
+    work = (dram + l2 / L2_SPEEDUP) / programs
+    wave = g.sms * per_sm
+    return (full * wave * work / rate(wave) if full else 0.0) + (last * work / rate(last) if last else 0.0)
+
+
+def _covers(width: int) -> list[tuple[int, int]]:
+    """(block, tail) pairs of powers of two that cover a row: the next power of two, and where the row
+    passes a power of two by at most half of it, that one and a smaller tail (5120: 8192, or 4096 + 1024)."""
+    block = _pow2(width)
+    tail = _pow2(width - block // 2) if block > 1 else block
+    return [(block, 0)] + ([(block // 2, tail)] if tail < block // 2 else [])
+
+
+def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: Gpu, n_rows: int):
+    """Whole-row candidates in order of preference: one block before a block and a tail, then ROWS (up to
+    `group`) nearest to programs of PROGRAM_BYTES, then fewest warps (the most of the row per thread, up to
+    THREAD_BYTES). Masked lanes cost registers, so occupancy, but no bytes."""
+    preferred = max(1, PROGRAM_BYTES // (n_cols * itemsize))
+    for block, tail in _covers(n_cols + lead):
+        width = block + tail
+        if width > MAX_ROW[op]:
+            continue
+        options = [1 << k for k in range(_pow2(group).bit_length()) if (1 << k) * width <= max(width, 16384)]
+        for rows in sorted(options, key=lambda r: (abs(math.log2(r / preferred)), r)):
+            tile = rows * width * itemsize
+            for warps in (1, 2, 4, 8, 16, 32):
+                per_thread = tile // (32 * warps)
+                too_few = warps < MIN_WARPS and tile >= MIN_WARPS * 512
+                if per_thread > THREAD_BYTES or per_thread < min(16, tile // 32) or too_few or \
+                        tail and rows * tail * itemsize < 32 * warps * 16:  # a tail gives every thread a vector
+                    continue
+                per_sm = resident(g, warps, registers(rows * width // (32 * warps)))
+                if per_sm:
+                    row_bytes = n_cols * itemsize
+                    yield Plan("rows", block, warps, rows=rows, tail=tail, seconds=seconds(
+                        g, _cdiv(n_rows, rows), per_sm, min(rows, n_rows) * row_bytes, TRAFFIC[op] * n_rows * row_bytes,
+                        stores=op != "cross_entropy"))
+
+
+def _looped(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu):
+    """One program per row, fewest warps first. More warps mean fewer rows in flight, so more of the
+    second pass hits L2."""
+    row_bytes = n_cols * itemsize
+    for warps in (4, 8, 16, 32):
+        block = LOOP_ELEMS * 32 * warps
+        per_sm = resident(g, warps, registers(LOOP_ELEMS))
+        window = min(n_rows, g.sms * per_sm) * row_bytes
+        hit = min(1.0, L2_SHARE * g.l2_bytes / window) if op != "cross_entropy" else 0.0
+        total = n_rows * row_bytes
+        reread = total if op != "cross_entropy" else 0.0
+        yield Plan("looped", block, warps, seconds=seconds(
+            g, n_rows, per_sm, min(block, n_cols + lead) * itemsize,
+            (TRAFFIC[op] - 1) * total + total + reread * (1 - hit), reread * hit, stores=op != "cross_entropy"))
+
+
+def _split(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu):
+    """Chunks of a row on their own programs, fewest chunks first. The second kernel re-reads the input
+    (in reverse order: what L2 still holds first), or for cross-entropy only the partial statistics."""
+    total = n_rows * n_cols * itemsize
+    hit = min(1.0, L2_SHARE * g.l2_bytes / total)
+    for warps in (4, 8, 16):
+        block = LOOP_ELEMS * 32 * warps
+        per_sm = resident(g, warps, registers(LOOP_ELEMS))
+        parts, seen = 2, 0
+        while parts <= MAX_PARTS:
+            chunk = _cdiv(_cdiv(n_cols + lead, parts), block) * block
+            actual = _cdiv(n_cols + lead, chunk)
+            parts *= 2
+            if actual < 2 or actual == seen:  # no split left, or the same chunks as the last candidate's
+                break
+            seen = actual
+            programs = actual * n_rows
+            t = LAUNCH + seconds(g, programs, per_sm, block * itemsize, total, stores=False)
+            if op != "cross_entropy":
+                t += seconds(g, programs, per_sm, block * itemsize, total * (1 - hit) + total, total * hit)
+            yield Plan("split", block, warps, parts=actual, chunk=chunk, seconds=t)
+
+
+@functools.lru_cache(maxsize=4096)
+def plan(op: str, n_rows: int, n_cols: int, itemsize: int, shift: bool, g: Gpu = Gpu(), grouped: bool = True) -> Plan:
+    """The configuration of a row op ("softmax", "cross_entropy" or "norm") on n_rows x n_cols elements of
+    `itemsize` bytes. With `shift`, rows start off a 16-byte boundary and a block covers 16 bytes more;
+    without `grouped`, a program takes one row."""
+    lead = 16 // itemsize - 1 if shift else 0
+    candidates = [*_whole_rows(op, n_rows if grouped else 1, n_cols, itemsize, lead, g, n_rows),
+                  *_looped(op, n_rows, n_cols, itemsize, lead, g),
+                  *_split(op, n_rows, n_cols, itemsize, lead, g)]
+    best = min(c.seconds for c in candidates)
+    return next(c for c in candidates if c.seconds <= best * TOLERANCE)
+
+
+# ---- launching ------------------------------------------------------------------------------------
+#
+# An op lists its launches as steps (kernel, grid, args, meta). In args, `_In(i)` stands for value i of the
+# call: its inputs, then per-call scalars (eps), then its outputs; everything else is fixed by the shape.
+# The general path runs the steps through `kernel[grid]`. On the GPU it then binds them to their compiled
+# kernels and caches them per (op, shape, strides, dtypes, device), so that the next call of that key only
+# allocates its outputs, reads the data pointers and launches: no reshapes, no planning, no specialization
+# key. A call whose tensors are not 16-byte aligned (the bound specializations assume they are) takes the
+# general path.
+
+
+@dataclass(frozen=True)
+class _In:
+    i: int
+
+
+A, B, C, D, E, F = (_In(i) for i in range(6))
+_fast: dict = {}  # key -> _bound(...); an entry is only ever added, and two threads adding one add equal ones
+
+
+def _bind(kernel, args: tuple, meta: dict, device: int):
+    """The launch function (stream, values, *grid) of the specialization these arguments select: the same
+    compiled binary as the kernel's own launches, loaded into the device's context."""
+    binary = kernel.binary(args, meta, driver.arch(device))
+    previous = driver.current_context()
+    driver.set_device(device)
+    try:
+        return jit.Launcher(binary, device).function()
+    finally:
+        driver.set_context(previous)
+
+
+def _bound(steps, values: tuple, n_inputs: int, n_scalars: int, device: int):
+    """The op's launches bound for one key, as straight-line Python made for them (as jit makes its launch
+    path): call(*inputs, *scalars) reads the inputs' data pointers (None if one is not 16-byte aligned:
+    the caller takes the general path), makes the outputs and launches each step with its constants in
+    place; it returns the first output. An output is made as torch.empty_like of a one-element tensor of
+    its dtype expanded to its shape (contiguous, and the cheapest allocation from Python)."""
+    names = [f"a{i}" for i in range(n_inputs)] + [f"s{i}" for i in range(n_scalars)]
+    made = values[n_inputs + n_scalars:]
+    outputs = [f"o{i}" for i in range(len(made))]
+    value = [f"p{i}" for i in range(n_inputs)] + names[n_inputs:] + [f"q{i}" for i in range(len(made))]
+    scope = {"empty_like": torch.empty_like, "raw_stream": _raw_stream, "device": device}
+    scope |= {f"t{i}": torch.empty(1, dtype=o.dtype, device=o.device).expand(o.shape) for i, o in enumerate(made)}
+    if not all(torch.empty_like(scope[f"t{i}"]).is_contiguous() for i in range(len(made))):
+        return None
+    lines = [f"def call({', '.join(names)}):",
+             *[f"    p{i} = a{i}.data_ptr()" for i in range(n_inputs)],
+             f"    if ({' | '.join(value[:n_inputs])}) & 15:", "        return None",
+             *[f"    o{i} = empty_like(t{i})" for i in range(len(made))],
+             *[f"    q{i} = o{i}.data_ptr()" for i in range(len(made))],
+             "    stream = raw_stream(device)"]
+    for k, (kernel, grid, args, meta) in enumerate(steps):
+        scope[f"launch{k}"] = _bind(kernel, tuple(values[a.i] if isinstance(a, _In) else a for a in args), meta, device)
+        passed = ", ".join(value[a.i] if isinstance(a, _In) else repr(a) for a in args)
+        lines.append(f"    launch{k}(stream, ({passed},), {', '.join(map(str, grid))})")
+    exec(compile("\n".join(lines + ["    return o0"]) + "\n", "<newt op>", "exec"), scope)
+    return scope["call"]
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU builds, which never bind
+
+
+def _run(key, steps, alloc, inputs: tuple, scalars: tuple = (), x: Tensor | None = None) -> Tensor:
+    """The general path: launch the steps on the inputs and the outputs that alloc(x) makes (x: the caller's
+    first input, before any reshape), then, on the GPU and with `key` (None: the inputs are copies, not the
+    caller's tensors), bind them."""
+    outputs = alloc(inputs[0] if x is None else x)
+    values = inputs + scalars + outputs
+    for kernel, grid, args, meta in steps:
+        kernel[grid](*(values[a.i] if isinstance(a, _In) else a for a in args), **meta)
+    if key is not None and _bindable(inputs + outputs):
+        bound = _bound(steps, values, len(inputs), len(scalars), inputs[0].get_device())
+        if bound is not None:
+            _fast[key] = bound
+    return outputs[0]
+
+
+def _bindable(tensors: tuple) -> bool:
+    """Launches on these tensors can be bound: on the GPU (not under NEWT_INTERPRET), 16-byte aligned."""
+    return not jit.INTERPRET and tensors[0].is_cuda and all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _like(x: Tensor) -> tuple:
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),)
+
+
+# ---- the ops ----------------------------------------------------------------------------------------
+def _rows(x: Tensor) -> Tensor:
+    """x as [rows, n_cols] with unit column stride: a view where one exists, else a contiguous copy."""
     if x.dim() == 2 and x.stride(1) == 1:
         return x
-    return x.reshape(-1, x.shape[-1]) if x.stride(-1) == 1 and x.is_contiguous() else x.contiguous().reshape(-1, x.shape[-1])
+    n = x.shape[-1] if x.dim() else 1
+    return x.reshape(-1, n) if x.is_contiguous() else x.contiguous().reshape(-1, n)
 
 
-def _float(x: torch.Tensor, what: str) -> None:
+def _float(x: Tensor, what: str) -> None:
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise NkError(f"{what} takes f32, f16 or bf16 tensors, got {x.dtype}")
 
 
-def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    x, y = torch.broadcast_tensors(x, y)
-    x, y = x.contiguous(), y.contiguous()
-    out = torch.empty_like(x)
-    n = x.numel()
-    block = 1024
-    _stdlib("add").add[(max(1, -(-n // block)),)](x, y, out, n, BLOCK=block, num_warps=4)
-    return out
-
-
-def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """gelu(x + bias) with bias broadcast over the last dimension."""
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    n = x.numel()
-    block = 1024
-    _stdlib("gelu").bias_gelu[(max(1, -(-n // block)),)](x, bias.contiguous(), out, n, x.shape[-1], BLOCK=block)
-    return out
-
-
-def _softmax(x: torch.Tensor, log: bool) -> torch.Tensor:
-    _float(x, "softmax")
-    shape = x.shape
-    x2 = _rows(x)
-    out = torch.empty_strided(x2.shape, x2.stride(), dtype=x2.dtype, device=x2.device)
+def _configure(op: str, x2: Tensor, out_stride: int) -> tuple[Plan, dict]:
+    """The plan for x2 ([rows, n_cols]) and the constexprs every row kernel takes: VEC (elements per 16
+    bytes), SHIFT (rows start off 16-byte boundaries, and the output's rows at the same offsets) and DIV
+    (a power of two up to VEC dividing n_cols and the strides: a width of 1000 or 3000 is not a multiple of
+    16, which the launch specializes on, but whole 16-byte groups of it are still provably unmasked)."""
     rows, n = x2.shape
+    s, stride = x2.element_size(), x2.stride(0)
+    vec = 16 // s
+    shift = stride % vec != 0 and stride % vec == out_stride % vec
+    # several rows per program prove their vector accesses from the first row's: every row on a boundary
+    grouped = shift or (stride % vec == 0 and out_stride % vec == 0)
+    meta = dict(VEC=vec, SHIFT=shift, DIV=math.gcd(n, stride, out_stride, vec))
+    return plan(op, rows, n, s, shift, gpu(x2.get_device()), grouped), meta
+
+
+def _looped_meta(p: Plan, meta: dict) -> dict:
+    return dict(BLOCK=p.block, WARPS=p.warps, num_warps=p.warps, **meta)
+
+
+def _key(x: Tensor, x2: Tensor, key):
+    """The fast path's key, or None when x2 is a copy of x (a later x could not stand in for it)."""
+    return key if x2.data_ptr() == x.data_ptr() else None
+
+
+def _with_partials(size: int, alloc, x: Tensor) -> tuple:
+    """The outputs and a workspace of `size` f32 partial statistics (split plans)."""
+    return alloc(x) + (torch.empty(size, dtype=torch.float32, device=x.device),)
+
+
+def _softmax_steps(x2: Tensor, log: bool) -> tuple:
+    """The launches of (log-)softmax over x2 and the allocation of their outputs.
+    Values: A = x, B = out, C = partials."""
+    (rows, n), stride = x2.shape, x2.stride(0)
+    p, meta = _configure("softmax", x2, n)
     mod = _stdlib("softmax")
-    block = _pow2(n)
-    if block <= MAX_ROW_BLOCK:
-        mod.softmax[(rows,)](x2, out, n, x2.stride(0), BLOCK=block, LOG=log, num_warps=_warps(block, x2.element_size()))
-    else:
-        mod.softmax_looped[(rows,)](x2, out, n, x2.stride(0), LOG=log, **_streamed(x2.element_size(), 8))
-    return out.reshape(shape)
+    if p.kind == "rows":
+        return [(mod.softmax, (_cdiv(rows, p.rows),), (A, B, rows, n, stride, n),
+                 dict(BLOCK=p.block, TAIL=p.tail, ROWS=p.rows, LOG=log, num_warps=p.warps, **meta))], _like
+    if p.kind == "looped":
+        return [(mod.softmax_looped, (rows,), (A, B, n, stride, n), dict(LOG=log, **_looped_meta(p, meta)))], _like
+    return [(mod.row_partials, (p.parts, rows), (A, C, n, stride, p.chunk), _looped_meta(p, meta)),
+            (mod.softmax_split, (p.parts, rows), (A, B, C, n, stride, n, p.chunk),
+             dict(BLOCK=p.block, PARTS=_pow2(p.parts), LOG=log, num_warps=p.warps, **meta))], \
+        functools.partial(_with_partials, rows * p.parts * 2, _like)
 
 
-def softmax(x: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dimension."""
-    return _softmax(x, False)
+def _softmax(x: Tensor, log: bool, key=None) -> Tensor:
+    _float(x, "softmax")
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    x2 = _rows(x)
+    return _run(_key(x, x2, key), *_softmax_steps(x2, log), (x2,), x=x)
 
 
-def log_softmax(x: torch.Tensor) -> torch.Tensor:
-    return _softmax(x, True)
+def _losses(x: Tensor) -> tuple:
+    return (torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device),)
 
 
-def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per-row loss (reduction='none') from [rows, classes] logits and int64 targets, in f32."""
+def _cross_entropy_steps(x2: Tensor) -> tuple:
+    """Values: A = logits, B = target, C = loss, D = partials."""
+    (rows, n), stride = x2.shape, x2.stride(0)
+    p, meta = _configure("cross_entropy", x2, stride)
+    mod = _stdlib("softmax")
+    if p.kind == "rows":
+        return [(mod.cross_entropy, (_cdiv(rows, p.rows),), (A, B, C, rows, n, stride),
+                 dict(BLOCK=p.block, TAIL=p.tail, ROWS=p.rows, num_warps=p.warps, **meta))], _losses
+    if p.kind == "looped":
+        return [(mod.cross_entropy_looped, (rows,), (A, B, C, n, stride), _looped_meta(p, meta))], _losses
+    return [(mod.row_partials, (p.parts, rows), (A, D, n, stride, p.chunk), _looped_meta(p, meta)),
+            (mod.cross_entropy_split, (rows,), (A, B, C, D, p.parts, stride), dict(PARTS=_pow2(p.parts)))], \
+        functools.partial(_with_partials, rows * p.parts * 2, _losses)
+
+
+def _cross_entropy(logits: Tensor, target: Tensor, key=None) -> Tensor:
     _float(logits, "cross_entropy")
-    x2 = _rows(logits)
-    rows, n = x2.shape
-    loss = torch.empty(rows, dtype=torch.float32, device=x2.device)
-    block = _pow2(n)
-    if block * x2.element_size() <= WHOLE_ROW_BYTES:  # the row fits in registers
-        meta = dict(BLOCK=block, WHOLE_ROW=True, num_warps=max(4, min(32, block // 1024)))
-    else:
-        meta = _streamed(x2.element_size(), 8)
-    _stdlib("softmax").cross_entropy[(rows,)](x2, target.contiguous(), loss, n, x2.stride(0), **meta)
-    return loss
+    if logits.numel() == 0:
+        return _losses(logits)[0]
+    x2, t = _rows(logits), target.reshape(-1)
+    if t.dim() != 1 or t.shape[0] != x2.shape[0] or t.dtype not in (torch.int64, torch.int32):
+        raise NkError(f"cross_entropy takes one int64 or int32 target per row: {x2.shape[0]} rows, "
+                      f"target {tuple(target.shape)} {target.dtype}")
+    if t.stride(0) != 1:
+        t, key = t.contiguous(), None
+    return _run(_key(logits, x2, key), *_cross_entropy_steps(x2), (x2, t), x=logits)
 
 
-def _norm(x, weight, bias, eps: float, rms: bool) -> torch.Tensor:
-    _float(x, "rmsnorm" if rms else "layernorm")
-    shape = x.shape
-    x2 = _rows(x)
-    rows, n = x2.shape
-    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    w = weight.contiguous()
-    b = bias.contiguous() if bias is not None else w
+def _norm_steps(x2: Tensor, rms: bool, bias: bool) -> tuple:
+    """Values: A = x, B = weight, C = bias, D = eps, E = out, F = partials."""
+    (rows, n), stride = x2.shape, x2.stride(0)
+    p, meta = _configure("norm", x2, n)
     mod = _stdlib("norm")
-    block = _pow2(n)
-    args = (x2, w, b, out, n, x2.stride(0), out.stride(0), float(eps))
-    if block <= MAX_ROW_BLOCK:
-        mod.norm[(rows,)](*args, BLOCK=block, RMS=rms, num_warps=_warps(block, x2.element_size()))
-    else:
-        mod.norm_looped[(rows,)](*args, BLOCK=4096, RMS=rms, num_warps=8)
-    return out.reshape(shape)
+    if p.kind == "rows":
+        return [(mod.norm, (_cdiv(rows, p.rows),), (A, B, C, E, rows, n, stride, n, D),
+                 dict(BLOCK=p.block, TAIL=p.tail, ROWS=p.rows, RMS=rms, BIAS=bias, num_warps=p.warps, **meta))], _like
+    if p.kind == "looped":
+        return [(mod.norm_looped, (rows,), (A, B, C, E, n, stride, n, D),
+                 dict(RMS=rms, BIAS=bias, **_looped_meta(p, meta)))], _like
+    return [(mod.norm_partials, (p.parts, rows), (A, F, n, stride, p.chunk), dict(RMS=rms, **_looped_meta(p, meta))),
+            (mod.norm_split, (p.parts, rows), (A, B, C, E, F, n, stride, n, p.chunk, D),
+             dict(BLOCK=p.block, PARTS=_pow2(p.parts), BIAS=bias, num_warps=p.warps, **meta))], \
+        functools.partial(_with_partials, rows * p.parts * 3, _like)
 
 
-def layernorm(x, weight, bias, eps: float = 1e-5) -> torch.Tensor:
-    return _norm(x, weight, bias, eps, False)
-
-
-def rmsnorm(x, weight, eps: float = 1e-6) -> torch.Tensor:
-    return _norm(x, weight, None, eps, True)
-
-
-def _row_reduce(x: torch.Tensor, op: str) -> torch.Tensor:
-    _float(x, op)
+def _norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, rms: bool, key=None) -> Tensor:
+    _float(x, "rmsnorm" if rms else "layernorm")
+    if x.numel() == 0:
+        return torch.empty_like(x)
     x2 = _rows(x)
-    rows, n = x2.shape
-    out = torch.empty(rows, dtype=x.dtype, device=x.device)
-    block = min(_pow2(n), 4096)
-    _stdlib("reduce").row_reduce[(rows,)](x2, out, n, x2.stride(0), BLOCK=block, OP=op, num_warps=_warps(block, x2.element_size()))
-    return out.reshape(x.shape[:-1])
+    n = x2.shape[1]
+    w, b = weight.contiguous(), (bias if bias is not None else weight).contiguous()
+    if w.numel() != n or b.numel() != n:
+        raise NkError(f"{'rmsnorm' if rms else 'layernorm'} of rows of {n} takes a weight (and bias) of {n}, "
+                      f"got {weight.numel()}" + ("" if bias is None else f" and {bias.numel()}"))
+    if w.data_ptr() != weight.data_ptr() or bias is not None and b.data_ptr() != bias.data_ptr():
+        key = None
+    return _run(_key(x, x2, key), *_norm_steps(x2, rms, bias is not None), (x2, w, b), (float(eps),), x)
 
 
-def sum(x: torch.Tensor) -> torch.Tensor:  # noqa: A001 - mirrors torch.sum over the last dim
-    """Sum over the last dimension."""
-    return _row_reduce(x, "sum")
+def _row_reduce(x: Tensor, op: str, key=None) -> Tensor:
+    _float(x, op)
+    if x.numel() == 0:
+        return x.float().sum(-1).to(x.dtype) if op != "amax" else torch.amax(x, -1)
+    x2 = _rows(x)
+    (rows, n), block = x2.shape, min(_pow2(x2.shape[1]), 4096)
+    steps = [(_stdlib("reduce").row_reduce, (rows,), (A, B, n, x2.stride(0)),
+              dict(BLOCK=block, OP=op, num_warps=max(4, min(16, block * x2.element_size() // 4096))))]
+    return _run(_key(x, x2, key), steps, _reduced, (x2,), x=x)
 
 
-def mean(x: torch.Tensor) -> torch.Tensor:
-    return _row_reduce(x, "mean")
+def _reduced(x: Tensor) -> tuple:
+    return (torch.empty(x.shape[:-1], dtype=x.dtype, device=x.device),)
 
 
-def amax(x: torch.Tensor) -> torch.Tensor:
-    return _row_reduce(x, "amax")
+def _add(x: Tensor, y: Tensor, key=None) -> Tensor:
+    bx, by = torch.broadcast_tensors(x, y)
+    cx, cy = bx.contiguous(), by.contiguous()
+    if cx.data_ptr() != x.data_ptr() or cy.data_ptr() != y.data_ptr() or cx.shape != x.shape or cy.shape != y.shape:
+        key = None
+    n, block = cx.numel(), 1024
+    steps = [(_stdlib("add").add, (max(1, _cdiv(n, block)),), (A, B, C, n), dict(BLOCK=block, num_warps=4))]
+    return _run(key, steps, _like, (cx, cy))
 
 
-def transpose(x: torch.Tensor) -> torch.Tensor:
-    """A contiguous transpose of a 2-D tensor (rows may be strided)."""
+def _bias_gelu(x: Tensor, bias: Tensor, key=None) -> Tensor:
+    cx, cb = x.contiguous(), bias.contiguous()
+    if cx.data_ptr() != x.data_ptr() or cb.data_ptr() != bias.data_ptr():
+        key = None
+    n, block = cx.numel(), 1024
+    steps = [(_stdlib("gelu").bias_gelu, (max(1, _cdiv(n, block)),), (A, B, C, n, cx.shape[-1]), dict(BLOCK=block))]
+    return _run(key, steps, _like, (cx, cb))
+
+
+def _transpose(x: Tensor, key=None) -> Tensor:
     if x.dim() != 2:
         raise NkError(f"transpose takes a 2-D tensor, got {x.dim()}-D")
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    m, n = x.shape
-    out = torch.empty((n, m), dtype=x.dtype, device=x.device)
-    bm = bn = 32
-    _stdlib("transpose").transpose[(-(-m // bm), -(-n // bn))](x, out, m, n, x.stride(0), out.stride(0),
-                                                               BM=bm, BN=bn, num_warps=4)
+    # rows off 16-byte boundaries are copied: the analysis would take the first row's alignment for all
+    # (passes/axisinfo.py: the divisibility of rm[:, None] * x_stride), and M, N multiples of 16 prove the masks
+    if x.stride(1) != 1 or x.stride(0) % (16 // x.element_size()):
+        x, key = x.contiguous(), None
+    (m, n), bm, bn = x.shape, 32, 32
+    steps = [(_stdlib("transpose").transpose, (_cdiv(m, bm), _cdiv(n, bn)), (A, B, m, n, x.stride(0), m),
+              dict(BM=bm, BN=bn, num_warps=4))]
+    return _run(key, steps, _transposed, (x,))
+
+
+def _transposed(x: Tensor) -> tuple:
+    return (torch.empty((x.shape[1], x.shape[0]), dtype=x.dtype, device=x.device),)
+
+
+# ---- the public ops: the bound path of a known key, else the general path ------------------------------
+def softmax(x: Tensor) -> Tensor:
+    """Softmax over the last dimension."""
+    if torch.compiler.is_compiling():
+        return torch.ops.newt.softmax(x)
+    key = ("softmax", x.shape, x.stride(), x.dtype, x.get_device())
+    bound = _fast.get(key)
+    if bound is None or (out := bound(x)) is None:
+        out = _softmax(x, False, key)
     return out
+
+
+def log_softmax(x: Tensor) -> Tensor:
+    """Log-softmax over the last dimension."""
+    if torch.compiler.is_compiling():
+        return torch.ops.newt.log_softmax(x)
+    key = ("log_softmax", x.shape, x.stride(), x.dtype, x.get_device())
+    bound = _fast.get(key)
+    if bound is None or (out := bound(x)) is None:
+        out = _softmax(x, True, key)
+    return out
+
+
+def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
+    """Per-row loss (reduction='none') over the last dimension of the logits, with int64 (or int32) class
+    targets, in f32: logsumexp(row) - row[target]."""
+    if torch.compiler.is_compiling():
+        return torch.ops.newt.cross_entropy(logits, target)
+    key = ("cross_entropy", logits.shape, logits.stride(), logits.dtype, logits.get_device(), target.dtype,
+           target.shape, target.stride())
+    bound = _fast.get(key)
+    if bound is None or (out := bound(logits, target)) is None:
+        out = _cross_entropy(logits, target, key)
+    return out
+
+
+def layernorm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = 1e-5) -> Tensor:
+    """Layer norm over the last dimension, with weight and (optional) bias."""
+    if torch.compiler.is_compiling():
+        return torch.ops.newt.layernorm(x, weight, bias, eps)
+    b = bias if bias is not None else weight
+    key = ("layernorm", x.shape, x.stride(), x.dtype, x.get_device(), weight.dtype, weight.stride(),
+           None if bias is None else (b.dtype, b.stride()))
+    bound = _fast.get(key)
+    if bound is None or (out := bound(x, weight, b, eps)) is None:
+        out = _norm(x, weight, bias, eps, False, key)
+    return out
+
+
+def rmsnorm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    """RMS norm over the last dimension, with weight."""
+    if torch.compiler.is_compiling():
+        return torch.ops.newt.rmsnorm(x, weight, eps)
+    key = ("rmsnorm", x.shape, x.stride(), x.dtype, x.get_device(), weight.dtype, weight.stride())
+    bound = _fast.get(key)
+    if bound is None or (out := bound(x, weight, weight, eps)) is None:
+        out = _norm(x, weight, None, eps, True, key)
+    return out
+
+
+def _reduce(x: Tensor, op: str) -> Tensor:
+    key = (op, x.shape, x.stride(), x.dtype, x.get_device())
+    bound = _fast.get(key)
+    if bound is None or (out := bound(x)) is None:
+        out = _row_reduce(x, op, key)
+    return out
+
+
+def sum(x: Tensor) -> Tensor:  # noqa: A001 - mirrors torch.sum over the last dim
+    """Sum over the last dimension."""
+    if torch.compiler.is_compiling():
+        return torch.ops.newt.sum(x)
+    return _reduce(x, "sum")
+
+
+def mean(x: Tensor) -> Tensor:
+    """Mean over the last dimension."""
+    if torch.compiler.is_compiling():
+        return torch.ops.newt.mean(x)
+    return _reduce(x, "mean")
+
+
+def amax(x: Tensor) -> Tensor:
+    """Maximum over the last dimension."""
+    if torch.compiler.is_compiling():
+        return torch.ops.newt.amax(x)
+    return _reduce(x, "amax")
+
+
+def add(x: Tensor, y: Tensor) -> Tensor:
+    """x + y, broadcast, in x's dtype."""
+    if torch.compiler.is_compiling():
+        return torch.ops.newt.add(x, y)
+    key = ("add", x.shape, x.stride(), x.dtype, x.get_device(), y.shape, y.stride(), y.dtype)
+    bound = _fast.get(key)
+    if bound is None or (out := bound(x, y)) is None:
+        out = _add(x, y, key)
+    return out
+
+
+def bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
+    """gelu(x + bias) (exact, erf form) with bias broadcast over the last dimension."""
+    if torch.compiler.is_compiling():
+        return torch.ops.newt.bias_gelu(x, bias)
+    key = ("bias_gelu", x.shape, x.stride(), x.dtype, x.get_device(), bias.shape, bias.stride(), bias.dtype)
+    bound = _fast.get(key)
+    if bound is None or (out := bound(x, bias)) is None:
+        out = _bias_gelu(x, bias, key)
+    return out
+
+
+def transpose(x: Tensor) -> Tensor:
+    """A contiguous transpose of a 2-D tensor (rows may be strided)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.newt.transpose(x)
+    key = ("transpose", x.shape, x.stride(), x.dtype, x.get_device())
+    bound = _fast.get(key)
+    if bound is None or (out := bound(x)) is None:
+        out = _transpose(x, key)
+    return out
+
+
+# ---- torch custom ops: torch.ops.newt.*, traced by torch.compile without a graph break ------------------
+def _register(fn, fake) -> None:
+    """`fn` as the custom op torch.ops.newt.<its name>, with `fake` for tracing (fake and meta tensors).
+    The ops above call it only while torch.compile traces; eagerly they skip the dispatcher (~50 us)."""
+    torch.library.custom_op(f"newt::{fn.__name__}", fn, mutates_args=()).register_fake(fake)
+
+
+def _fake_add(x: Tensor, y: Tensor) -> Tensor:
+    return x.new_empty(torch.broadcast_shapes(x.shape, y.shape))
+
+
+for _fn, _fake in ((softmax, lambda x: _like(x)[0]), (log_softmax, lambda x: _like(x)[0]),
+                   (cross_entropy, lambda logits, target: _losses(logits)[0]),
+                   (layernorm, lambda x, weight, bias, eps=1e-5: _like(x)[0]),
+                   (rmsnorm, lambda x, weight, eps=1e-6: _like(x)[0]),
+                   (sum, lambda x: _reduced(x)[0]), (mean, lambda x: _reduced(x)[0]), (amax, lambda x: _reduced(x)[0]),
+                   (add, _fake_add), (bias_gelu, lambda x, bias: _like(x)[0]),
+                   (transpose, lambda x: _transposed(x)[0])):
+    _register(_fn, _fake)
 
 
 # ---- matmul -------------------------------------------------------------------------------------------

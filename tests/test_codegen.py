@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 
 import newtc
-from newtc import compiler, nvrtc, syntax
-from newtc.ops import _matmul_config, _streamed, _warps
+from newtc import compiler, nvrtc, ops, syntax
+from newtc.ops import _matmul_config
 from newtc.types import Ptr, bf16, f16, f32, f64, i32, i64
 
 STDLIB = Path(__file__).resolve().parents[1] / "stdlib"
@@ -61,14 +62,6 @@ def rows_sig(dt):
     return {**ptrs(dt, "x", "out"), "n_cols": i32, "stride": i32}
 
 
-def norm_sig(dt):
-    return {**ptrs(dt, "x", "w", "b", "out"), "n_cols": i32, "stride": i32, "out_stride": i32, "eps": f32}
-
-
-def ce_sig(dt):
-    return {"logits": Ptr(dt), "target": Ptr(i64), "loss": Ptr(f32), "n_cols": i32, "stride": i32}
-
-
 def gelu_sig(dt):
     return {**ptrs(dt, "x", "bias", "out"), "n": i32, "n_cols": i32}
 
@@ -101,39 +94,69 @@ def transpose_sig(dt):
 VEC = ("LDG.E.128", "STG.E.128")
 RED = ("SHFL.BFLY",)
 SMEM = ("STS", "LDS", "BAR.SYNC")
+TORCH = {f32: torch.float32, f16: torch.float16, bf16: torch.bfloat16}
 
 
-def streamed(file, kernel, label, sig, consts, *expect):
-    """A row_stats kernel with the meta-parameters newtc/ops.py launches it with."""
-    meta = _streamed(next(iter(sig.values())).elem.itemsize, 8)
-    nw = meta.pop("num_warps")
-    return spec(file, kernel, label, sig, {**consts, **meta}, nw, *expect)
+def launched(op: str, dt, shape: tuple, *expect_per_kernel, stride: int | None = None, **kw) -> list[Spec]:
+    """The specializations newtc.ops launches for `op` on a [rows, n] tensor of `dt` (row `stride`, default
+    n): one per kernel of the plan the model makes for that shape, each with its own SASS expectations."""
+    rows, n = shape
+    x = torch.empty(rows, stride or n, dtype=TORCH[dt])[:, :n]
+    x2 = ops._rows(x)
+    if op == "cross_entropy":
+        (steps, alloc), inputs = ops._cross_entropy_steps(x2), (x2, torch.zeros(rows, dtype=torch.int64))
+    elif op in ("layernorm", "rmsnorm"):
+        w = torch.empty(n, dtype=TORCH[dt])
+        (steps, alloc), inputs = ops._norm_steps(x2, op == "rmsnorm", op == "layernorm"), (x2, w, w, 1e-5)
+    else:
+        (steps, alloc), inputs = ops._softmax_steps(x2, op == "log_softmax"), (x2,)
+    values = inputs + alloc(x)
+    assert len(steps) == len(expect_per_kernel), [k.name for k, *_ in steps]
+    out = []
+    for (kernel, grid, args, meta), expect in zip(steps, expect_per_kernel):
+        s = kernel.specialize([values[a.i] if isinstance(a, ops._In) else a for a in args], meta)
+        label = f"{op}-{dt.name}-{rows}x{n}" + (f"-stride{stride}" if stride else "")
+        file = Path(kernel.module.filename).stem
+        out.append(Spec(file, kernel.name, label, s.sig, s.constexprs, s.num_warps, s.num_stages, frozenset(expect),
+                        frozenset(s.aligned), frozenset(s.ones)))
+    return out
 
-# One row per specialization, with the BLOCK and num_warps newtc/ops.py picks for the row length in the
-# comment (BLOCK: next power of two, capped; num_warps: ops._warps(BLOCK, itemsize) or the wrapper's constant).
-W = _warps
+
+LOOP = (*RED, "LDG.E.128")  # a loop over blocks of the row: per-lane state, merged by shuffles at the end
+# SHIFT_STORES: stores to rows off 16-byte boundaries are checked per group at run time (the row's ends are
+# masked), and NVRTC turns the vector branch of those 16-bit stores into 32-bit ones (STG.E): still coalesced.
+# The row ops on shapes that reach every kernel and kind of plan of ops.plan (each comment names the plan the
+# model makes; test_ops checks the kinds themselves): whole rows (several per program for short rows), looped,
+# split (partial statistics, then the merge), with rows on 16-byte boundaries and off them (SHIFT).
+ROW_SPECS = [
+    *launched("softmax", f32, (32768, 1000), (*RED, *VEC)),  # whole rows
+    *launched("log_softmax", bf16, (8192, 4096), (*RED, *VEC)),
+    *launched("softmax", f32, (32768, 64), (*RED, *VEC)),  # several rows per program
+    *launched("softmax", f16, (4096, 1001), (*RED, "LDG.E.128")),  # rows off 16-byte boundaries (SHIFT_STORES)
+    *launched("softmax", f32, (1024, 32768), (*RED, *VEC)),  # 32 warps, the widest whole row
+    *launched("softmax", bf16, (4096, 65536), (*LOOP, "STG.E.128")),  # looped
+    *launched("log_softmax", bf16, (4096, 50257), LOOP),  # looped, off boundaries (SHIFT_STORES)
+    *launched("softmax", f32, (1, 262144), LOOP, VEC),  # split
+    *launched("cross_entropy", f16, (4096, 32000), LOOP),  # looped
+    *launched("cross_entropy", bf16, (32768, 1000), (*RED, "LDG.E.128")),  # whole rows
+    *launched("cross_entropy", f32, (8, 50257), LOOP, RED),  # split, off boundaries
+    *launched("layernorm", f16, (16384, 4096), (*RED, *VEC)),  # whole rows
+    *launched("rmsnorm", bf16, (32768, 128), (*RED, *VEC)),  # several rows per program
+    *launched("layernorm", bf16, (4096, 5120), (*RED, *VEC)),  # a block and a tail (4096 + 1024)
+    *launched("softmax", f16, (4096, 11008), (*RED, *VEC)),
+    *launched("cross_entropy", bf16, (4096, 3000), (*RED, "LDG.E.128")),
+    *launched("layernorm", f32, (1024, 32768), (*LOOP, "STG.E.128")),  # looped
+    *launched("rmsnorm", bf16, (1024, 50257), LOOP),  # looped, off boundaries (SHIFT_STORES)
+    *launched("layernorm", bf16, (8, 128256), LOOP, VEC),  # split
+]
 SPECS = [
     spec("add", "add", "f32", add_sig(f32), {"BLOCK": 1024}, 4, *VEC),
     spec("add", "add", "f16", add_sig(f16), {"BLOCK": 1024}, 4, *VEC),
     spec("add", "add", "f32-all-aligned", add_sig(f32), {"BLOCK": 1024}, 4, *VEC, aligned=add_sig(f32)),
-    # rows of 1000 and of 4096 columns
-    spec("softmax", "softmax", "f32", rows_sig(f32), {"BLOCK": 1024, "LOG": False}, W(1024, 4), *RED, *VEC),
-    spec("softmax", "softmax", "bf16-log", rows_sig(bf16), {"BLOCK": 4096, "LOG": True}, W(4096, 2), *RED, *VEC),
-    # rows longer than ops.MAX_ROW_BLOCK
-    streamed("softmax", "softmax_looped", "f32", rows_sig(f32), {"LOG": False}, *RED, "LDG.E.128"),
-    streamed("softmax", "softmax_looped", "f16-log", rows_sig(f16), {"LOG": True}, *RED, "LDG.E.128"),
-    streamed("softmax", "cross_entropy", "f32", ce_sig(f32), {}, *RED, "LDG.E.128"),
-    streamed("softmax", "cross_entropy", "f16", ce_sig(f16), {}, *RED, "LDG.E.128"),
-    spec("softmax", "cross_entropy", "f16-whole-row", ce_sig(f16), {"BLOCK": 4096, "WHOLE_ROW": True}, 4, *RED, *VEC[:1]),
-    spec("norm", "norm", "f32", norm_sig(f32), {"BLOCK": 1024, "RMS": False}, W(1024, 4), *RED, *VEC),
-    spec("norm", "norm", "f16-rms", norm_sig(f16), {"BLOCK": 4096, "RMS": True}, W(4096, 2), *RED, *VEC),
-    spec("norm", "norm", "f16-16384", norm_sig(f16), {"BLOCK": 16384, "RMS": False}, W(16384, 2), *RED, *VEC),
-    spec("norm", "norm_looped", "f32-rms", norm_sig(f32), {"BLOCK": 4096, "RMS": True}, 8, *RED, "LDG.E.128"),
-    spec("norm", "norm_looped", "bf16", norm_sig(bf16), {"BLOCK": 4096, "RMS": False}, 8, *RED, "LDG.E.128"),
-    spec("reduce", "row_reduce", "f32-sum", rows_sig(f32), {"BLOCK": 1024, "OP": "sum"}, W(1024, 4), *RED, "LDG.E.128"),
-    spec("reduce", "row_reduce", "f16-amax", rows_sig(f16), {"BLOCK": 4096, "OP": "amax"}, W(4096, 2), *RED,
-         "LDG.E.128"),
-    spec("reduce", "row_reduce", "bf16-mean", rows_sig(bf16), {"BLOCK": 1024, "OP": "mean"}, W(1024, 2), *RED),
+    *ROW_SPECS,
+    spec("reduce", "row_reduce", "f32-sum", rows_sig(f32), {"BLOCK": 1024, "OP": "sum"}, 4, *RED, "LDG.E.128"),
+    spec("reduce", "row_reduce", "f16-amax", rows_sig(f16), {"BLOCK": 4096, "OP": "amax"}, 4, *RED, "LDG.E.128"),
+    spec("reduce", "row_reduce", "bf16-mean", rows_sig(bf16), {"BLOCK": 1024, "OP": "mean"}, 4, *RED),
     spec("gelu", "bias_gelu", "f32", gelu_sig(f32), {"BLOCK": 1024}, 4, *VEC),
     spec("gelu", "bias_gelu", "f16", gelu_sig(f16), {"BLOCK": 1024}, 4, *VEC),
     spec("transpose", "transpose", "f32", transpose_sig(f32), {"BM": 32, "BN": 32}, 4, *SMEM, "LDG.E.128"),
@@ -225,13 +248,17 @@ def by_id(ident: str) -> Spec:
     return next(s for s in SPECS if s.id == ident)
 
 
+SOFTMAX = "softmax.softmax-softmax-f32-32768x1000"
+CE_LOOPED = "softmax.cross_entropy_looped-cross_entropy-f16-4096x32000"
+
+
 def test_add_sm90a_is_vectorized():
     ops = opcodes(compiled(by_id("add.add-f32"), "sm_90a")[1])
     assert has(ops, "LDG.E.128") and has(ops, "STG.E.128")
 
 
 def test_softmax_f32_1024_sm90a():
-    s = by_id("softmax.softmax-f32")
+    s = by_id(SOFTMAX)
     assert dict(s.consts)["BLOCK"] == 1024 and dict(s.sig)["x"] == Ptr(f32)
     ops = opcodes(compiled(s, "sm_90a")[1])
     assert has(ops, "SHFL.BFLY") and has(ops, "LDG.E.128")
@@ -246,7 +273,7 @@ def test_transpose_store_is_vectorized():
 
 
 def test_generated_kernel_shape():
-    gen = generated(by_id("softmax.softmax-f32"))
+    gen = generated(by_id(SOFTMAX))
     assert gen.threads == 128
     assert 'extern "C" __global__ void __launch_bounds__(128) nk_softmax(' in gen.source
     assert "__shfl_xor_sync" in gen.source
@@ -276,11 +303,14 @@ def lines_of(source: str, needle: str) -> set[int | None]:
     return {line for _, line, text in nk_lines(body) if needle in text}
 
 
-def line_of(stem: str, needle: str) -> int:
-    """The 1-based line of stdlib/<stem>.nk holding `needle` (found, not hard-coded: stdlib files change)."""
+def line_of(stem: str, needle: str, after: str = "") -> int:
+    """The 1-based line of stdlib/<stem>.nk holding `needle`, the first after the line holding `after` if
+    given, else the only one (found, not hard-coded: stdlib files change)."""
     lines = (STDLIB / f"{stem}.nk").read_text().splitlines()
-    (found,) = [i + 1 for i, t in enumerate(lines) if needle in t]
-    return found
+    start = next(i for i, t in enumerate(lines) if after in t) if after else 0
+    found = [i + 1 for i, t in enumerate(lines) if needle in t and i >= start]
+    assert found and (after or len(found) == 1), (needle, found)
+    return found[0]
 
 
 def test_line_directives_point_at_the_nk_source():
@@ -305,15 +335,16 @@ def test_line_directives_point_at_the_nk_source():
 
 
 def test_line_directives_in_softmax():
-    src = generated(by_id("softmax.softmax-f32")).source
-    exp = line_of("softmax", "num = exp(v)")
-    vmax = line_of("softmax", "v = v - max(v, axis=0)")
-    div = line_of("softmax", "num / sum(num, axis=0)")
+    src = generated(by_id(SOFTMAX)).source
+    exp = line_of("softmax", "num = exp(v - mx[:, None])")
+    vmax = line_of("softmax", "mx = max(v, axis=1)", after="kernel softmax(")
+    vsum = line_of("softmax", "total = sum(num, axis=1)")
+    div = line_of("softmax", "num / total[:, None]")
     assert lines_of(src, "nk_exp(") == {exp}
-    assert lines_of(src, "__shfl_xor_sync") == {vmax, div}  # max(v) and sum(num)
+    assert lines_of(src, "__shfl_xor_sync") == {vmax, vsum}  # max(v) and sum(num)
     assert lines_of(src, "nk_div(") == {div}
-    log = generated(by_id("softmax.softmax-bf16-log")).source
-    assert lines_of(log, "nk_log(") == {line_of("softmax", "v - log(sum(num, axis=0))")}
+    log = generated(by_id("softmax.softmax-log_softmax-bf16-8192x4096")).source
+    assert lines_of(log, "nk_log(") == {line_of("softmax", "v - (mx + log(total))[:, None]")}
 
 
 def test_nvrtc_error_names_the_nk_line():
@@ -344,9 +375,9 @@ def test_half_math_goes_through_f32(dt, to):
 
 
 def test_f16_math_in_stdlib_uses_conversions():
-    body = generated(by_id("norm.norm-f16-rms")).source.split("__launch_bounds__")[1]
+    body = generated(by_id("norm.norm-layernorm-f16-16384x4096")).source.split("__launch_bounds__")[1]
     assert "nk_tof(" in body and "nk_to_f16(" in body
-    body = generated(by_id("norm.norm_looped-bf16")).source.split("__launch_bounds__")[1]
+    body = generated(by_id("norm.norm_looped-rmsnorm-bf16-1024x50257")).source.split("__launch_bounds__")[1]
     assert "nk_tof(" in body and "nk_to_bf16(" in body
 
 
@@ -476,7 +507,7 @@ def loop_body(source: str) -> str:
 def test_row_stats_loop_has_no_barrier_and_no_shuffle():
     """The per-lane running state of row_stats: the reshape keeps the load's registers and the carried
     state takes the reduction's layout, so nothing in the loop crosses threads."""
-    src = generated(by_id("softmax.cross_entropy-f16")).source
+    src = generated(by_id(CE_LOOPED)).source
     body = loop_body(src)
     assert "__syncthreads" not in body and "nk_smem" not in body and "__shfl" not in body
     assert "__shfl_xor_sync" in src  # the lanes' states merge once, after the loop
@@ -484,7 +515,8 @@ def test_row_stats_loop_has_no_barrier_and_no_shuffle():
 
 def test_masked_vector_load_fills_then_loads():
     """A proven-aligned masked group: `other` fills the registers, one predicated 128-bit load follows."""
-    s = streamed("softmax", "cross_entropy", "f16-all-aligned", ce_sig(f16), {})
-    body = loop_body(generated(Spec(**{**s.__dict__, "aligned": frozenset(dict(s.sig))})).source)
+    s = by_id(CE_LOOPED)
+    assert s.aligned == frozenset(dict(s.sig))  # 32000 columns: every pointer and int is
+    body = loop_body(generated(s).source)
     assert re.search(r"u\.e\[7\] = [^;]+; if \([^)]+\) u\.w = \*", body), body[:2000]
     assert "} else {" not in body

@@ -99,7 +99,7 @@ def test_load_parses_once_and_again_when_the_file_changes(tmp_path):
     assert set(std.kernels) == {"add"} and std.filename == str(ADD)
     assert newtc.load(str(ADD)) is std
     sm = newtc.load(STDLIB / "softmax.nk")
-    assert set(sm.kernels) == {"softmax", "softmax_looped", "cross_entropy"}
+    assert {"softmax", "softmax_looped", "cross_entropy"} <= set(sm.kernels)
 
     path = tmp_path / "k.nk"
     path.write_text(TWO)
@@ -298,7 +298,7 @@ def test_ast_cache_returns_an_equal_ast(fresh_cache, monkeypatch):
     second = jit.parsed(text, "cached.nk")
     assert second == first and second is not first
     assert SOURCES["cached.nk"] == text  # diagnostics can still quote the source
-    assert [d.name for d in second.defs] == ["softmax", "row_stats", "softmax_looped", "cross_entropy"]
+    assert {"softmax", "row_stats", "softmax_looped", "cross_entropy"} <= {d.name for d in second.defs}
     # another file name is another entry
     monkeypatch.setattr(syntax, "parse", real_parse)
     assert jit.parsed(text, "other.nk").file == "other.nk"

@@ -2,12 +2,17 @@
 
 Fresh random inputs each run, outputs poisoned first by the op's own allocation (torch.empty on the
 GPU holds stale data; the interpreter writes through checked memory), odd shapes to exercise masks.
+Every shape of launch the model can plan (whole rows, several rows per program, looped, split, rows off
+16-byte boundaries) runs on small inputs by forcing the plan.
 """
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from newtc import ops
+from newtc.ops import Gpu, Plan
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -22,6 +27,8 @@ def poisoned_outputs(monkeypatch):
             t = _real(*args, **kwargs)
             return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-1)
         monkeypatch.setattr(ops.torch, name, poisoned)
+
+
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 
@@ -31,6 +38,7 @@ def devices():
 
 def close(out, ref, dtype):
     ref = ref.float()
+    assert out.shape == ref.shape, f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
     err = (out.float() - ref).norm() / ref.norm().clamp_min(1e-12)
     assert torch.isfinite(out.float()).all()
     assert err < TOL[dtype], f"relative error {err:.2e}"
@@ -38,48 +46,55 @@ def close(out, ref, dtype):
 
 def shapes(device):
     # the interpreter runs one program per row in Python: keep CPU shapes small
-    big = [(3, 4097), (1, 20000)] if device == "cuda" else [(2, 4097)]
-    return [(37, 1000), (1, 1), (3, 64)] + big
+    big = [(3, 4097), (1, 20000), (2, 50257), (300, 64), (5000, 1000)] if device == "cuda" else [(2, 4097)]
+    return [(37, 1000), (1, 1), (3, 64), (9, 37)] + big
+
+
+def row_ops(x, w, b, t):
+    """(name, newt result, float reference) of every row op on x ([rows, n]); references in f32."""
+    n = x.shape[-1]
+    xf = x.float()
+    return [("softmax", ops.softmax(x), torch.softmax(xf, -1)),
+            ("log_softmax", ops.log_softmax(x), torch.log_softmax(xf, -1)),
+            ("layernorm", ops.layernorm(x, w, b), F.layer_norm(xf, (n,), w.float(), b.float(), 1e-5)),
+            ("rmsnorm", ops.rmsnorm(x, w), F.rms_norm(xf, (n,), w.float(), 1e-6)),
+            ("cross_entropy", ops.cross_entropy(x, t), F.cross_entropy(xf, t, reduction="none"))]
+
+
+def check_row_ops(x, dtype):
+    n = x.shape[-1]
+    w, b = torch.randn(n, device=x.device).to(dtype), torch.randn(n, device=x.device).to(dtype)
+    t = torch.randint(0, n, x.shape[:-1], device=x.device)
+    for name, out, ref in row_ops(x, w, b, t):
+        close(out, ref, torch.float32 if name == "cross_entropy" else dtype)
 
 
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_softmax_family(device, dtype):
+def test_row_ops(device, dtype):
     for shape in shapes(device):
-        x = torch.randn(shape, device=device).to(dtype)
-        close(ops.softmax(x), torch.softmax(x.float(), -1), dtype)
-        close(ops.log_softmax(x), torch.log_softmax(x.float(), -1), dtype)
+        check_row_ops((torch.randn(shape, device=device) * 3 + 1).to(dtype), dtype)
 
 
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_norms(device, dtype):
+def test_reductions(device, dtype):
     for rows, n in shapes(device):
         x = torch.randn(rows, n, device=device).to(dtype)
-        w, b = torch.randn(n, device=device).to(dtype), torch.randn(n, device=device).to(dtype)
-        close(ops.layernorm(x, w, b), F.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5), dtype)
-        close(ops.rmsnorm(x, w), F.rms_norm(x.float(), (n,), w.float(), 1e-6), dtype)
-
-
-@pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_cross_entropy_and_reductions(device, dtype):
-    for rows, n in shapes(device):
-        x = torch.randn(rows, n, device=device).to(dtype)
-        t = torch.randint(0, n, (rows,), device=device)
-        close(ops.cross_entropy(x, t), F.cross_entropy(x.float(), t, reduction="none"), torch.float32)
         close(ops.sum(x), x.float().sum(-1), dtype)
         close(ops.mean(x), x.float().mean(-1), dtype)
         close(ops.amax(x), x.float().amax(-1), dtype)
 
 
 @pytest.mark.parametrize("device", devices())
-def test_row_strided_input(device):
+def test_strided_and_batched_inputs(device):
     base = torch.randn(33, 1500, device=device)
-    x = base[:, 100:1100]  # rows 1500 apart, 1000 columns
+    check_row_ops(base[:, 100:1100], torch.float32)  # rows 1500 apart, 1000 columns: output contiguous
+    check_row_ops(base[:, 1:1000], torch.float32)  # rows and their start off 16-byte boundaries
+    check_row_ops(base.t()[:40, :9], torch.float32)  # columns not contiguous: a copy
+    x = torch.randn(2, 3, 70, device=device)
     close(ops.softmax(x), torch.softmax(x, -1), torch.float32)
-    w, b = torch.randn(1000, device=device), torch.randn(1000, device=device)
-    close(ops.layernorm(x, w, b), F.layer_norm(x, (1000,), w, b), torch.float32)
+    close(ops.layernorm(x, torch.ones(70, device=device), None), F.layer_norm(x, (70,)), torch.float32)
 
 
 @pytest.mark.parametrize("device", devices())
@@ -88,30 +103,167 @@ def test_elementwise_and_transpose(device, dtype):
     x = torch.randn(37, 1001, device=device).to(dtype)
     y = torch.randn(37, 1001, device=device).to(dtype)
     close(ops.add(x, y), x.float() + y.float(), dtype)
+    close(ops.add(x, y[0]), x.float() + y[0].float(), dtype)
     b = torch.randn(1001, device=device).to(dtype)
     close(ops.bias_gelu(x, b), F.gelu(x.float() + b.float()), dtype)
     close(ops.transpose(x), x.float().t(), dtype)
     close(ops.transpose(x[:, 3:700]), x[:, 3:700].float().t(), dtype)
+    y = torch.randn(64, 65, device=device).to(dtype)[:, :64]  # rows 65 apart: off 16-byte boundaries
+    close(ops.transpose(y), y.float().t(), dtype)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_empty_inputs(device):
+    x = torch.randn(0, 7, device=device)
+    assert ops.softmax(x).shape == (0, 7) and ops.layernorm(x, torch.ones(7, device=device), None).shape == (0, 7)
+    assert ops.cross_entropy(x, torch.zeros(0, dtype=torch.int64, device=device)).shape == (0,)
+
+
+def test_bad_arguments_are_errors():
+    with pytest.raises(ops.NkError, match="f32, f16 or bf16"):
+        ops.softmax(torch.zeros(3, 4, dtype=torch.int32))
+    with pytest.raises(ops.NkError, match="one int64 or int32 target per row"):
+        ops.cross_entropy(torch.randn(3, 4), torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ops.NkError, match="weight"):
+        ops.layernorm(torch.randn(3, 4), torch.ones(5), None)
+
+
+# ---- every kind of plan, forced ----------------------------------------------------------------------
+def forced_plans(n: int, itemsize: int, shift: bool, grouped: bool):
+    """One plan of each kind for rows of n elements, with blocks small enough to loop over small rows.
+    Several rows share a program only where the model allows it (`grouped`: rows on 16-byte boundaries, or
+    off them at the same offsets in input and output)."""
+    vec = 16 // itemsize
+    lead = vec - 1 if shift else 0
+    loop = 64 * vec  # one warp, two vectors per lane
+    chunk = 2 * loop
+    if grouped:
+        yield Plan("rows", ops._pow2(n + lead), 1, rows=4)
+    yield Plan("rows", ops._pow2(n + lead), 2)
+    yield Plan("rows", 512, 1, tail=ops._pow2(n + lead - 512), rows=2 if grouped else 1)  # a block and a tail
+    yield Plan("looped", loop, 1)
+    yield Plan("split", loop, 1, parts=math.ceil((n + lead) / chunk), chunk=chunk)
 
 
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_looped_kernels_with_small_blocks(device, dtype):
-    """The looped variants serve rows too long for registers; small blocks exercise them on any row."""
-    rows, n, block = 3, 1000, 128
-    x = torch.randn(rows, n, device=device).to(dtype)
-    sm, nm = ops._stdlib("softmax"), ops._stdlib("norm")
-    for log, ref in ((False, torch.softmax(x.float(), -1)), (True, torch.log_softmax(x.float(), -1))):
-        out = torch.empty_like(x)
-        sm.softmax_looped[(rows,)](x, out, n, n, BLOCK=block, WARPS=1, VEC=4, LOG=log)
-        close(out, ref, dtype)
-    w, b = torch.randn(n, device=device).to(dtype), torch.randn(n, device=device).to(dtype)
-    for rms, ref in ((False, F.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)),
-                     (True, F.rms_norm(x.float(), (n,), w.float(), 1e-5))):
-        out = torch.empty_like(x)
-        nm.norm_looped[(rows,)](x, w, b, out, n, n, n, 1e-5, BLOCK=block, RMS=rms)
-        close(out, ref, dtype)
-    t = torch.randint(0, n, (rows,), device=device)
-    loss = torch.empty(rows, device=device)
-    sm.cross_entropy[(rows,)](x, t, loss, n, n, BLOCK=block, WARPS=1, VEC=4)
-    close(loss, F.cross_entropy(x.float(), t, reduction="none"), torch.float32)
+def test_every_plan(device, dtype, monkeypatch):
+    """Each plan on rows of 1000 (16-byte aligned for every dtype), of 1001 (rows off 16-byte boundaries:
+    SHIFT) and on a row-strided view whose output rows sit at other offsets (no SHIFT, checked accesses)."""
+    base = (torch.randn(5, 1003, device=device) * 3).to(dtype)
+    inputs = [base[:, :1000].contiguous(), base[:, :1001].contiguous(), base[:, :999]]
+    for x in inputs:
+        shift = ops._configure("softmax", x, x.shape[1])[1]["SHIFT"]
+        assert shift == (x.stride(0) == 1001) or x.stride(0) == 1003
+        for p in forced_plans(x.shape[1], x.element_size(), shift, x.is_contiguous()):
+            monkeypatch.setattr(ops, "plan", lambda *args, p=p: p)
+            check_row_ops(x, dtype)
+
+
+def test_bound_path_launches_what_the_general_path_launched(monkeypatch):
+    """The launch path made for a key (on the GPU after a first call; forced here on the CPU with the
+    driver call recorded instead) passes every kernel of every kind of plan the values the general path
+    passed: the same inputs and constants, and the outputs it returns."""
+    launched = []
+
+    def bind(kernel, args, meta, device):
+        first = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+        return lambda stream, values, *grid: launched.append((kernel.name, values, grid, first))
+
+    monkeypatch.setattr(ops, "_bind", bind)
+    monkeypatch.setattr(ops, "_raw_stream", lambda device: 0)
+    monkeypatch.setattr(ops, "_bindable", lambda tensors: True)
+    monkeypatch.setattr(ops, "_fast", {})
+    x, t = torch.randn(3, 1500), torch.randint(0, 1500, (3,))
+    w, b = torch.randn(1500), torch.randn(1500)
+    calls = [lambda: ops.softmax(x), lambda: ops.log_softmax(x), lambda: ops.cross_entropy(x, t),
+             lambda: ops.layernorm(x, w, b, 1e-5), lambda: ops.layernorm(x, w, None), lambda: ops.rmsnorm(x, w)]
+    inputs = {x.data_ptr(), t.data_ptr(), w.data_ptr(), b.data_ptr()}
+    for p in forced_plans(1500, 4, False, True):
+        monkeypatch.setattr(ops, "plan", lambda *args, p=p: p)
+        ops._fast.clear()
+        for call in calls:
+            call()  # the general path: the interpreter, then bound for this key
+            launched.clear()
+            out = call()  # the bound path
+            assert launched and all(grid for _, _, grid, _ in launched)
+            for name, values, grid, first in launched:
+                assert len(values) == len(first), name
+                for v, f in zip(values, first):  # outputs are new tensors: their pointers differ
+                    assert v == f or (f not in inputs and isinstance(v, int) and v % 16 == 0), (name, values, first)
+            assert any(out.data_ptr() in values for _, values, _, _ in launched)
+
+
+# ---- the model ------------------------------------------------------------------------------------
+WIDTHS = [1, 7, 64, 100, 768, 1000, 1024, 3000, 4096, 5120, 11008, 16384, 32768, 50257, 65536, 128256, 262144, 10**6]
+ROWS = [1, 3, 8, 128, 1024, 4096, 32768]
+
+
+@pytest.mark.parametrize("op", ["softmax", "cross_entropy", "norm"])
+def test_plan_covers_every_shape(op):
+    """Any shape gets a plan whose blocks cover its rows, within the register and chunk limits."""
+    for n in WIDTHS:
+        for rows in ROWS:
+            for itemsize in (4, 2):
+                for shift in (False, True):
+                    p = ops.plan(op, rows, n, itemsize, shift)
+                    lead = 16 // itemsize - 1 if shift else 0
+                    assert p.warps in (1, 2, 4, 8, 16, 32) and p.seconds > 0
+                    assert p.block & (p.block - 1) == 0 and p.rows & (p.rows - 1) == 0
+                    if p.kind == "rows":
+                        assert n + lead <= p.block + p.tail <= ops.MAX_ROW[op] and p.rows <= ops._pow2(rows)
+                        assert p.tail & (p.tail - 1) == 0 and p.tail < p.block
+                        assert p.rows * (p.block + p.tail) * itemsize <= 32 * p.warps * ops.THREAD_BYTES
+                    else:
+                        assert p.block >= ops.LOOP_ELEMS * 32 * p.warps
+                    if p.kind == "split":
+                        assert 2 <= p.parts <= ops.MAX_PARTS and p.chunk % p.block == 0
+                        assert (p.parts - 1) * p.chunk < n + lead <= p.parts * p.chunk
+
+
+def test_plan_shapes_the_launch_to_the_input():
+    g = Gpu()
+    # a single long row spreads over the GPU; many of them keep one program per row
+    one = ops.plan("softmax", 1, 262144, 4, False, g)
+    assert one.kind == "split" and one.parts >= 64
+    assert ops.plan("softmax", 4096, 65536, 2, False, g).kind == "looped"
+    # short rows are grouped; rows that fit in registers stay there
+    assert ops.plan("norm", 32768, 64, 4, False, g).rows >= 8
+    assert ops.plan("softmax", 8192, 4096, 4, False, g).kind == "rows"
+    # 5120 halves: a block of 4096 and a tail of 1024, not 8192 lanes of which 3072 are masked
+    wide = ops.plan("norm", 4096, 5120, 2, False, g)
+    assert (wide.kind, wide.block, wide.tail) == ("rows", 4096, 1024)
+    # fewer SMs: a smaller GPU needs fewer chunks to fill
+    small = ops.plan("cross_entropy", 8, 128256, 2, False, Gpu(sms=16))
+    assert small.parts < ops.plan("cross_entropy", 8, 128256, 2, False, g).parts
+
+
+def test_seconds_follows_littles_law():
+    g = Gpu()
+    full = ops.seconds(g, 132, 1, 64 * 1024, 1e9)
+    assert full == pytest.approx(1e9 / (132 * ops.SM_BANDWIDTH))
+    small = ops.seconds(g, 132, 1, 16 * 1024, 1e9)
+    assert small == pytest.approx(full * ops.SM_BANDWIDTH * ops.LATENCY / (16 * 1024))  # too little in flight
+    # half the SMs take up to twice their share while the others idle, if they have the bytes in flight
+    assert ops.seconds(g, 66, 1, 96 * 1024, 1e9) == pytest.approx(full)
+    assert ops.seconds(g, 66, 1, 16 * 1024, 1e9) == pytest.approx(2 * small)
+    assert ops.seconds(g, 133, 1, 64 * 1024, 1e9) > full  # a second, nearly empty wave
+    # a lone program with nothing to store leaves memory idle through its reductions; a second one fills it
+    assert ops.seconds(g, 132, 1, 64 * 1024, 1e9, stores=False) == pytest.approx(full * (1 + ops.REDUCE))
+    assert ops.seconds(g, 264, 2, 64 * 1024, 2e9, stores=False) == pytest.approx(2 * full)
+
+
+# ---- the bound (cached) path on the GPU --------------------------------------------------------------
+@pytest.mark.gpu
+def test_repeated_calls_take_the_bound_path():
+    x = torch.randn(300, 1000, device="cuda")
+    w = torch.randn(1000, device="cuda")
+    ref = F.layer_norm(x, (1000,), w, None)
+    for _ in range(3):  # the first call binds, the next ones launch the bound kernels
+        close(ops.layernorm(x, w, None), ref, torch.float32)
+    assert any(key[:3] == ("layernorm", x.shape, x.stride()) for key in ops._fast)
+    off = torch.randn(300 * 1000 + 1, device="cuda")[1:].view(300, 1000)  # 4 bytes off: the general path
+    close(ops.layernorm(off, w, None), F.layer_norm(off, (1000,), w, None), torch.float32)
+    for x in (torch.randn(2, 262144, device="cuda"), torch.randn(8, 50257, device="cuda", dtype=torch.bfloat16)):
+        for _ in range(2):  # split plans: two kernels and a workspace, bound
+            check_row_ops(x, x.dtype)

@@ -54,8 +54,10 @@ def _mul(op: ir.Op, a: Facts, b: Facts) -> Facts:
     if a.value == 1 or b.value == 1:  # times one: the other operand, unchanged
         return b if a.value == 1 else a
     value = a.value * b.value if a.value is not None and b.value is not None else None
-    return Facts((1,) * len(a.contig), _zip(lambda ac, ad, ak, bc, bd, bk: min(TOP, ad * bd), a, b),
-                 _zip(lambda ac, ad, ak, bc, bd, bk: min(ak, bk), a, b), value)
+
+    def div(ac, ad, ak, bc, bd, bk):  # products are not consecutive: each element is its own run, and inside a run
+        return min(TOP, (ad if ac == 1 else 1) * (bd if bc == 1 else 1))  # of consecutive values only 1 divides all
+    return Facts((1,) * len(a.contig), _zip(div, a, b), _zip(lambda ac, ad, ak, bc, bd, bk: min(ak, bk), a, b), value)
 
 
 def _compare(op: ir.Op, a: Facts, b: Facts) -> Facts:

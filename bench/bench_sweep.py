@@ -1,0 +1,263 @@
+"""The row-op sweep: softmax, layernorm, rmsnorm and cross-entropy on every width x rows x dtype, newt
+(newtc.ops as shipped) against Triton's best and torch, as % of the copy bandwidth.
+
+    python bench/bench_sweep.py [--quick] [--ops softmax,layernorm] [--dtypes f32,bf16] [--append bench/RESULTS.md]
+
+Triton's best is the fastest of a few configurations per point: one row per program in a single block
+(num_warps 1-32 around the tutorial's rule) where the row fits one block of at most 32768 elements, and
+its looped online form (blocks of 4096 and 8192) for rows above 4096. Every implementation's result is
+checked against torch in f32 first; a wrong one is not timed. Times are do_bench medians with L2 flushed
+before each run (the flush also hides the host's launch cost, so they are GPU times).
+
+With $OUT set: sweep.md (the summary, ready for RESULTS.md), sweep_points.md (every point), sweep.json
+and sweep.png (a heat map per op and dtype: width x rows colored by newt / the better of Triton and torch).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import common
+from common import Table, copy_gbps, failure
+
+WIDTHS = [64, 128, 512, 768, 1000, 1024, 3000, 4096, 5120, 8192, 11008, 16384, 32768, 50257, 65536, 128256, 262144]
+ROWS = [1, 8, 128, 1024, 4096, 32768]
+QUICK_WIDTHS = [128, 1000, 5120, 32768, 50257, 262144]
+QUICK_ROWS = [1, 128, 4096]
+DTYPES = ("f32", "f16", "bf16")
+OPS = ("softmax", "layernorm", "rmsnorm", "cross_entropy")
+MAX_INPUT = 2**31  # bytes of input per point
+MAX_SINGLE_BLOCK = 32768  # Triton's one-block rows: beyond, its registers spill
+TOL = {"f32": 1e-4, "f16": 2e-2, "bf16": 2e-2}  # relative error (norm) against torch in f32
+
+
+def single_block_warps(block: int) -> tuple:
+    """num_warps for Triton's one-block rows: the tutorial's choice and its neighbours."""
+    w = min(16, max(1, block // 512))
+    return tuple(sorted({max(1, w // 2), w, min(32, 2 * w)}))
+
+
+def pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclass
+class Case:
+    """One op: its inputs, its f32 reference, the bytes it must move, and its three implementations.
+    triton(warps, block) is Triton's kernel with `block` columns per step (the whole row, or a loop)."""
+    make: Callable  # (rows, width, torch dtype) -> args
+    reference: Callable
+    nbytes: Callable  # (rows, width, itemsize) -> bytes read + written
+    newt: Callable
+    torch: Callable
+    triton: Callable
+
+    def impls(self, n: int, tk) -> dict:
+        """{name: [candidates]}; Triton's are its one-block rows (where they fit) and its looped form."""
+        single = [self.triton(w, pow2(n)) for w in single_block_warps(pow2(n))] if pow2(n) <= MAX_SINGLE_BLOCK else []
+        looped = [self.triton(w, b) for b, w in ((4096, 8), (8192, 16))] if n > 4096 else []
+        return {"newt": [self.newt], "Triton": tk if isinstance(tk, str) else single + looped, "torch": [self.torch]}
+
+
+def cases(torch) -> tuple[dict, object]:
+    """The four ops, and the Triton kernels module (or why it cannot load)."""
+    import newtc
+    F = torch.nn.functional
+    try:
+        import triton_kernels as tk
+    except Exception as e:  # no Triton: its column shows why
+        tk = failure(e)
+
+    def norm_inputs(m, n, dt):
+        return (torch.randn(m, n, device="cuda", dtype=dt), torch.rand(n, device="cuda", dtype=dt) + 0.5,
+                torch.randn(n, device="cuda", dtype=dt))
+
+    def rms_inputs(m, n, dt):
+        return norm_inputs(m, n, dt)[:2]
+
+    return {
+        "softmax": Case(
+            lambda m, n, dt: (torch.randn(m, n, device="cuda", dtype=dt) * 3,),
+            lambda x: torch.softmax(x.float(), -1), lambda m, n, s: 2 * m * n * s,
+            newtc.ops.softmax, lambda x: torch.softmax(x, -1),
+            lambda w, b: lambda x: tk.softmax(x, num_warps=w, block=None if b >= x.shape[1] else b)),
+        "layernorm": Case(
+            norm_inputs, lambda x, w, b: F.layer_norm(x.float(), x.shape[-1:], w.float(), b.float(), 1e-5),
+            lambda m, n, s: 2 * m * n * s + 2 * n * s,
+            lambda x, w, b: newtc.ops.layernorm(x, w, b, 1e-5), lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, 1e-5),
+            lambda nw, bl: lambda x, w, b: tk.layernorm(x, w, b, 1e-5, num_warps=nw, block=bl)),
+        "rmsnorm": Case(
+            rms_inputs, lambda x, w: F.rms_norm(x.float(), x.shape[-1:], w.float(), 1e-6),
+            lambda m, n, s: 2 * m * n * s + n * s,
+            lambda x, w: newtc.ops.rmsnorm(x, w, 1e-6), lambda x, w: F.rms_norm(x, x.shape[-1:], w, 1e-6),
+            lambda nw, bl: lambda x, w: tk.rmsnorm(x, w, 1e-6, num_warps=nw, block=bl)),
+        "cross_entropy": Case(
+            lambda m, n, dt: (torch.randn(m, n, device="cuda", dtype=dt) * 4, torch.randint(0, n, (m,), device="cuda")),
+            lambda x, t: F.cross_entropy(x.float(), t, reduction="none"), lambda m, n, s: m * n * s + 12 * m,
+            newtc.ops.cross_entropy, lambda x, t: F.cross_entropy(x, t, reduction="none"),
+            lambda w, b: lambda x, t: tk.cross_entropy(x, t, w, b)),
+    }, tk
+
+
+def timed(fn, args, ref, tol: float, quick: bool) -> float | str:
+    """Median ms of fn(*args) after checking its result; a failure cell if it is wrong or fails."""
+    import torch
+    try:
+        out = fn(*args)
+        err = float((out.float() - ref).norm() / ref.norm().clamp_min(1e-12))
+        if not err < tol or not bool(torch.isfinite(out).all()):
+            return f"wrong: relative error {err:.2g}"
+        del out
+        from triton.testing import do_bench
+        return do_bench(lambda: fn(*args), warmup=1 if quick else 2, rep=4 if quick else 8, return_mode="median")
+    except Exception as e:
+        return failure(e)
+
+
+def best(times: list) -> float | str:
+    ok = [t for t in times if isinstance(t, float)]
+    return min(ok) if ok else (times[0] if times else "-")
+
+
+def points(quick: bool, ops, dtypes):
+    for op in ops:
+        for dt in dtypes:
+            for n in (QUICK_WIDTHS if quick else WIDTHS):
+                for m in (QUICK_ROWS if quick else ROWS):
+                    if m * n * {"f32": 4, "f16": 2, "bf16": 2}[dt] <= MAX_INPUT:
+                        yield op, dt, m, n
+
+
+def measure(quick: bool, ops, dtypes) -> list[dict]:
+    import torch
+    dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    copy = copy_gbps(quick)
+    (all_cases, tk), rows, started = cases(torch), [], time.perf_counter()
+    for op, dt, m, n in points(quick, ops, dtypes):
+        case = all_cases[op]
+        torch.manual_seed(m * 7919 + n)
+        args = case.make(m, n, dtype[dt])
+        ref = case.reference(*args)
+        ms = {name: fns if isinstance(fns, str) else best([timed(f, args, ref, TOL[dt], quick) for f in fns])
+              for name, fns in case.impls(n, tk).items()}
+        del args, ref
+        moved = case.nbytes(m, n, 4 if dt == "f32" else 2)
+        pct = {name: 100 * moved / t / 1e6 / copy if isinstance(t, float) else t for name, t in ms.items()}
+        other = best([ms["Triton"], ms["torch"]])
+        ratio = other / ms["newt"] if isinstance(other, float) and isinstance(ms["newt"], float) else "-"
+        rows.append({"op": op, "dtype": dt, "rows": m, "width": n, "newt % copy": pct["newt"],
+                     "Triton % copy": pct["Triton"], "torch % copy": pct["torch"], "newt/best": ratio,
+                     "newt us": ms["newt"] * 1e3 if isinstance(ms["newt"], float) else ms["newt"]})
+        if len(rows) % 50 == 0:
+            print(f"  {len(rows)} points, {time.perf_counter() - started:.0f} s", flush=True)
+    return rows
+
+
+def geomean(xs: list) -> float:
+    return math.exp(statistics.fmean(map(math.log, xs))) if xs else float("nan")
+
+
+def summary(rows: list[dict]) -> Table:
+    out = []
+    groups = sorted({(r["op"], r["dtype"]) for r in rows}, key=lambda g: (OPS.index(g[0]), DTYPES.index(g[1])))
+    for key in [*groups, None]:
+        sel = [r for r in rows if key is None or (r["op"], r["dtype"]) == key]
+        ratios = [r["newt/best"] for r in sel if isinstance(r["newt/best"], float)]
+        pct = [r["newt % copy"] for r in sel if isinstance(r["newt % copy"], float)]
+        out.append({"op": key[0] if key else "all", "dtype": key[1] if key else "", "points": len(sel),
+                    "timed": len(ratios), "geomean newt/best": geomean(ratios),
+                    "min newt/best": min(ratios, default="-"), "points < 0.95": sum(x < 0.95 for x in ratios),
+                    "median newt % copy": statistics.median(pct) if pct else "-"})
+    return Table("sweep summary: newt / the better of Triton and torch", out,
+                 "newt/best = the better time of Triton (best of its configurations) and torch over newt's: above 1, "
+                 "newt is faster. Points: op x dtype x width x rows with at most 2 GiB of input.")
+
+
+def worst(rows: list[dict], k: int = 12) -> Table:
+    timed_rows = sorted((r for r in rows if isinstance(r["newt/best"], float)), key=lambda r: r["newt/best"])
+    failed = [r for r in rows if not isinstance(r["newt/best"], float)]
+    return Table(f"the {k} worst points (and any that failed)", [
+        {"op": r["op"], "dtype": r["dtype"], "shape": f'{r["rows"]}x{r["width"]}', "newt/best": r["newt/best"],
+         "newt % copy": r["newt % copy"], "Triton % copy": r["Triton % copy"], "torch % copy": r["torch % copy"]}
+        for r in timed_rows[:k] + failed])
+
+
+def plot(rows: list[dict], path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.colors import LogNorm
+    except ImportError:
+        print("(no matplotlib: sweep.png skipped)")
+        return
+    ops = [o for o in OPS if any(r["op"] == o for r in rows)]
+    dts = [d for d in DTYPES if any(r["dtype"] == d for r in rows)]
+    widths = sorted({r["width"] for r in rows})
+    heights = sorted({r["rows"] for r in rows})
+    fig, axes = plt.subplots(len(ops), len(dts), figsize=(5.5 * len(dts), 3.2 * len(ops) + 0.8), squeeze=False,
+                             layout="constrained")
+    for i, op in enumerate(ops):
+        for j, dt in enumerate(dts):
+            ax = axes[i][j]
+            grid = [[float("nan")] * len(widths) for _ in heights]
+            for r in rows:
+                if r["op"] == op and r["dtype"] == dt and isinstance(r["newt/best"], float):
+                    grid[heights.index(r["rows"])][widths.index(r["width"])] = r["newt/best"]
+            im = ax.imshow(grid, cmap="RdYlGn", norm=LogNorm(0.5, 2.0), aspect="auto", origin="lower")
+            for y, line in enumerate(grid):
+                for x, v in enumerate(line):
+                    if v == v:
+                        ax.text(x, y, f"{v:.2f}", ha="center", va="center", fontsize=5)
+            ax.set_xticks(range(len(widths)), [str(w) for w in widths], rotation=90, fontsize=6)
+            ax.set_yticks(range(len(heights)), [str(h) for h in heights], fontsize=6)
+            ax.set_title(f"{op} {dt}", fontsize=8)
+    bar = fig.colorbar(im, ax=axes, shrink=0.6, label="newt / best of Triton and torch (above 1: newt faster)")
+    bar.set_ticks([0.5, 0.7, 0.95, 1.05, 1.5, 2.0], labels=["0.5", "0.7", "0.95", "1.05", "1.5", "2"])
+    bar.minorticks_off()
+    fig.suptitle("row ops: newt / the better of Triton and torch, per width (x) and rows (y)")
+    fig.savefig(path, dpi=130)
+
+
+def run(quick=False, ops=OPS, dtypes=DTYPES, append=None):
+    started = time.perf_counter()
+    rows = measure(quick, ops, dtypes)
+    tables = [summary(rows), worst(rows)]
+    head = f"### Sweep ({'quick' if quick else 'full'}: {', '.join(ops)}; {', '.join(dtypes)}), " \
+           f"{time.perf_counter() - started:.0f} s, copy {copy_gbps(quick):.0f} GB/s"
+    text = "\n\n".join([head] + [t.markdown().replace("### ", "#### ", 1) for t in tables]) + "\n"
+    common.write("sweep.md", text)
+    common.write("sweep_points.md", Table("every point", rows).markdown() + "\n")
+    common.write("sweep.json", rows)
+    if png := common.out_path("sweep.png"):
+        plot(rows, png)
+    if append:
+        with open(append, "a") as f:
+            f.write("\n" + text)
+    return tables
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help=f"widths {QUICK_WIDTHS} x rows {QUICK_ROWS} only")
+    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
+    p.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma-separated subset of {','.join(DTYPES)}")
+    p.add_argument("--append", metavar="PATH", help="append the summary to this file (bench/RESULTS.md)")
+    args = p.parse_args()
+    ops, dtypes = args.ops.split(","), args.dtypes.split(",")
+    if bad := (set(ops) - set(OPS)) | (set(dtypes) - set(DTYPES)):
+        p.error(f"unknown {', '.join(sorted(bad))}")
+    if not common.cuda_available():
+        print("no CUDA GPU: nothing to benchmark")
+        return
+    print(f"sweep: {len(list(points(args.quick, ops, dtypes)))} points", flush=True)
+    for t in run(args.quick, ops, dtypes, args.append):
+        print(t.markdown() + "\n")
+
+
+if __name__ == "__main__":
+    main()
