@@ -222,6 +222,10 @@ def verify(k: Kernel) -> None:
                 fail(op, f"dtype mismatch {op.args[0].type} vs {op.args[1].type}")
             if op.kind in ("load", "store", "atomic") and not isinstance(op.args[0].type.dtype, Ptr):
                 fail(op, "pointer operand is not a pointer")
+            if op.kind in ELEMENTWISE | {"load"} and op.results and op.result.layout is not None:
+                for a in op.args:  # after layout assignment, an op reads its operands where it computes
+                    if a is not None and a.type.shape and a.layout != op.result.layout:
+                        fail(op, f"operand layout {a.layout and a.layout.short()} differs from the result's")
             for sub in op.regions:
                 region(sub, scope)
                 if op.kind in ("for", "if"):
