@@ -84,6 +84,18 @@ def matmul(kernel, label, dt, m, n, k, *expect, activation="none", transposed=Fa
 
 
 # mma.sync from ldmatrix-read tiles on sm_80; on sm_90a f16/bf16 run on wgmma straight from shared memory
+ATTENTION_INTS = "L_q L_k H H_kv".split()
+ATTENTION_STRIDES = [f"stride_{t}{d}" for t in "qkvo" for d in ("b", "h", "m" if t in "qo" else "n")]
+
+
+def attention(label, dt, d, causal, bm, bn, warps, stages, *expect):
+    """The forward kernel on contiguous (B, H, L, D) tensors, lengths multiples of 16."""
+    sig = {**ptrs(dt, "q", "k", "v", "o"), "lse": Ptr(f32), **{n: i32 for n in ATTENTION_INTS}, "scale": f32,
+           **{n: i32 for n in ATTENTION_STRIDES}}
+    return spec("attention", "attention_fwd", label, sig, {"BM": bm, "BN": bn, "D": d, "CAUSAL": causal}, warps,
+                *expect, aligned=[n for n in sig if n != "scale"], num_stages=stages)
+
+
 MMA = ("sm_80:HMMA", "sm_80:LDSM", "sm_90a:HGMMA", "LDGSTS", "BAR.SYNC")
 
 
@@ -170,6 +182,9 @@ SPECS = [
     matmul("matmul", "f16-a-transposed", f16, 4096, 4096, 4096, *MMA, transposed=True),
     matmul("matmul", "f32-tf32", f32, 1024, 1024, 1024, "HMMA", "LDGSTS"),
     matmul("matmul_bias", "f16-gelu", f16, 4096, 4096, 4096, *MMA, activation="gelu"),
+    # P stays in the registers S was computed in on sm_80; on sm_90a both products are wgmma
+    attention("f16-d128", f16, 128, False, 128, 64, 8, 2, *MMA),
+    attention("bf16-d64-causal", bf16, 64, True, 128, 64, 8, 3, *MMA),
 ]
 
 

@@ -89,6 +89,27 @@ def wgmma_layouts(op: ir.Op, spec, a_inner: int, b_inner: int) -> tuple | None:
     return sa, sb, wgmma_acc((m, n), warps), warps
 
 
+def chained_dots(k: ir.Kernel, defs: dict) -> set:
+    """The dots whose first operand is computed (through elementwise ops, views and reductions) from another
+    dot's result, and those other dots."""
+    out = set()
+    for op in ir.walk(k.body):
+        if op.kind != "dot":
+            continue
+        stack, seen = [op.args[0]], set()
+        while stack:
+            v = stack.pop()
+            d = defs.get(id(v))
+            if d is None or id(v) in seen:
+                continue
+            seen.add(id(v))
+            if d.kind == "dot":
+                out |= {id(op), id(d)}
+            elif d.kind in ir.ELEMENTWISE | ir.VIEWS | {"reduce"}:
+                stack += [a for a in d.args if a is not None and a.type.shape]
+    return out
+
+
 def fma_acc(shape: tuple, num_warps: int, vec: int) -> Layout:
     """The CUDA-core accumulator: vec consecutive columns per thread, lanes 8 wide and 4 tall, warps down the
     rows, then registers alternating rows and columns, so that each thread's tile (the A rows and B columns
@@ -131,6 +152,8 @@ class Plan:
         self.defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
         self.want: dict[int, list] = {}  # id(op) -> the layout of each operand (None: scalar or absent)
         self.free_ids: dict[int, bool] = {}
+        self.heavy: set = set()  # dot accumulator layouts: where two layouts meet, data stays in these
+        self.chained = chained_dots(k, self.defs)
 
     def default(self, t, order: tuple | None = None) -> Layout:
         vec = self.vec.get(t.shape) or 16 // max(1, t.dtype.itemsize)
@@ -199,8 +222,8 @@ class Plan:
         elif kind == "dot":
             self.dot(op)
         elif kind in ir.ELEMENTWISE:
-            res.layout = next((a.layout for a in op.args if a is not None and a.type.shape and not self.free(a)
-                               and a.layout is not None), None) or self.default(res.type)
+            mine = [a.layout for a in op.args if a is not None and a.type.shape and not self.free(a) and a.layout]
+            res.layout = next((x for x in mine if x in self.heavy), mine[0] if mine else self.default(res.type))
             self.want[id(op)] = [res.layout if a is not None and a.type.shape else None for a in op.args]
 
     def dot(self, op: ir.Op) -> None:
@@ -214,7 +237,9 @@ class Plan:
             op.attrs.update(wgmma=warps, types=MMA[(op.args[0].type.dtype, f32)][1].rsplit(".", 1)[0])
         elif mma is not None:
             kwidth, types = mma
-            warps = mma_warps(m, n, nw)
+            # a dot feeding another (attention's S = Q K^T, then P V) splits rows only: P's registers then are
+            # the next dot's operand as they are, and row statistics stay inside each warp
+            warps = (min(nw, m // 16), 1) if id(op) in self.chained else mma_warps(m, n, nw)
             a = mma_operand(0, op.args[0].type.shape, warps, nw, kwidth)
             b = mma_operand(1, op.args[1].type.shape, warps, nw, kwidth)
             acc = mma_acc((m, n), warps, nw)
@@ -222,6 +247,7 @@ class Plan:
         else:
             a, b, acc = fma_layouts(self.k, op, self.vec.get((m, n)) or 4)
         op.result.layout = acc
+        self.heavy.add(acc)
         self.want[id(op)] = [a, b, acc]
 
     def loop(self, op: ir.Op) -> None:
@@ -257,50 +283,58 @@ class Plan:
 
 
 class Materialize:
-    """Phase 2: replace each block operand by a value in the layout its op wants (a copy of a free
-    value, computed just before its first consumer in each scope, or a `convert`)."""
+    """Phase 2: replace each block operand by a value in the layout its op wants: a copy of a free value,
+    computed just before its first consumer in each scope, or a `convert`, placed where the value is defined
+    (a conversion of a value from outside a loop happens once, not every iteration)."""
 
     def __init__(self, plan: Plan):
         self.plan = plan
-        self.scopes: list[dict] = [{}]
+        self.frames: list[list] = []  # per open region: [cache of (value, layout) -> value, its ops so far]
+        self.home: dict[int, int] = {}  # id(value) -> the frame it is defined in
 
     def region(self, r: ir.Region) -> None:
         out: list[ir.Op] = []
+        self.frames.append([{}, out])
+        depth = len(self.frames) - 1
+        self.home.update((id(p), depth) for p in r.params)
         for op in r.ops:
             if op.results and self.plan.free(op.results[0]):
                 continue  # each consumer computes its own copy
             for i, lay in enumerate(self.plan.want.get(id(op), ())):
                 if lay is not None and op.args[i] is not None:
-                    op.args[i] = self.get(op.args[i], lay, out, op.span)
+                    op.args[i] = self.get(op.args[i], lay, op.span)
             out.append(op)
+            self.home.update((id(v), depth) for v in op.results)
             for sub in op.regions:
-                self.scopes.append({})
                 self.region(sub)
-                self.scopes.pop()
+        self.frames.pop()
         r.ops = out
 
-    def get(self, v: ir.Value, lay: Layout, out: list, span) -> ir.Value:
+    def get(self, v: ir.Value, lay: Layout, span) -> ir.Value:
         key = (id(v), lay)
-        for scope in reversed(self.scopes):
-            if key in scope:
-                return scope[key]
-        if lay.shared:  # stored to shared memory from the registers it is computed in
-            src = self.get(v, self.plan.of(v), out, span)
-            res = ir.Value(v.type, v.name, lay)
-            out.append(ir.Op("convert", [src], [res], {}, span))
-        elif not self.plan.free(v):
-            if v.layout == lay:
-                return v
-            res = ir.Value(v.type, v.name, lay)
-            out.append(ir.Op("convert", [v], [res], {}, span))
-        else:
+        for cache, _ in reversed(self.frames):
+            if key in cache:
+                return cache[key]
+        if self.plan.free(v) and not lay.shared:
             d = self.plan.defs[id(v)]
-            args = [self.get(a, view_source_layout(d, lay) if d.kind in ir.VIEWS else lay, out, d.span)
+            args = [self.get(a, view_source_layout(d, lay) if d.kind in ir.VIEWS else lay, d.span)
                     if a is not None and a.type.shape else a for a in d.args]
             res = ir.Value(v.type, v.name, lay, v.facts)
-            out.append(ir.Op(d.kind, args, [res], dict(d.attrs), d.span))
-        self.scopes[-1][key] = res
-        return res
+            return self.place(ir.Op(d.kind, args, [res], dict(d.attrs), d.span), key, len(self.frames) - 1)
+        # stored to shared memory from the registers it is computed in, or moved to other registers
+        src = self.get(v, self.plan.of(v), span) if lay.shared else v
+        if src.layout == lay:
+            return src
+        return self.place(ir.Op("convert", [src], [ir.Value(v.type, v.name, lay)], {}, span), key,
+                          self.home.get(id(src), 0))
+
+    def place(self, op: ir.Op, key, depth: int) -> ir.Value:
+        """Put op at the end of frame `depth`'s ops so far (before the loop or branch now open there)."""
+        cache, out = self.frames[depth]
+        out.insert(len(out) - (depth < len(self.frames) - 1), op)
+        self.home[id(op.result)] = depth
+        cache[key] = op.result
+        return op.result
 
 
 def assign_layouts(k: ir.Kernel) -> ir.Kernel:

@@ -12,7 +12,10 @@ loop are ordered by the pipeline's own wait-and-barrier, so they do not conflict
 from __future__ import annotations
 
 from .. import ir
+from ..errors import NkError
 
+# shared memory a CTA may have, by architecture (the opt-in maximum; unknown ones get the common 48 KB)
+LIMIT = {"sm_80": 166912, "sm_87": 166912, "sm_86": 101376, "sm_89": 101376, "sm_90": 232448, "sm_90a": 232448}
 ALIGN = 1024  # a swizzle atom (8 rows of 128 bytes): 2-D tiles start on that boundary, other buffers on 128 bytes
 
 
@@ -71,6 +74,11 @@ def plan_smem(k: ir.Kernel) -> ir.Kernel:
         a.attrs["offset"] = offset
         placed.append((offset, offset + size, start, stop))
     k.smem_bytes = max(hi for _, hi, _, _ in placed)
+    limit = LIMIT.get(k.spec.arch, 48 * 1024)
+    if k.smem_bytes > limit:
+        raise NkError(f"kernel '{k.name}' needs {k.smem_bytes // 1024} KB of shared memory; a program on "
+                      f"{k.spec.arch} can have {limit // 1024} KB", k.span,
+                      "use fewer num_stages (each keeps a copy of the tiles a loop feeds to dot) or smaller blocks")
     return k
 
 
