@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from . import driver, jit
+from .passes import smem
 from .errors import NkError
 from .jit import load
 from .paths import data_dir
@@ -643,7 +644,7 @@ for _fn, _fake in ((softmax, lambda x: _like(x)[0]), (log_softmax, lambda x: _li
 
 
 # ---- matmul -------------------------------------------------------------------------------------------
-def _matmul_config(m: int, n: int, k: int, itemsize: int) -> dict:
+def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a") -> dict:
     """Tile sizes by shape (a small table until the autotuner picks them): the 128x256 tile with 8 warps
     (two warpgroups) and a 4-slot ring for large products (measured on an H200: 621 TFLOP/s at 4096^3 f16
     against 504 with 3 slots, which leave asynchronous wgmma only one tile of prefetch); for few rows
@@ -658,6 +659,8 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int) -> dict:
     if itemsize == 4:
         cfg["BK"] //= 2
     cfg["BK"] = min(cfg["BK"], max(16, _pow2(k)))
+    ring = (cfg["BM"] + cfg["BN"]) * cfg["BK"] * itemsize  # one slot of the A and B rings
+    cfg["num_stages"] = max(2, min(cfg["num_stages"], smem.LIMIT.get(arch, 48 * 1024) // ring))
     return cfg
 
 
@@ -674,7 +677,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
     if m == 0 or n == 0:
         return c
-    cfg = _matmul_config(m, n, k, a.element_size())
+    cfg = _matmul_config(m, n, k, a.element_size(), driver.arch(a.get_device()) if a.is_cuda else "sm_90a")
     grid = (-(-m // cfg["BM"]) * -(-n // cfg["BN"]),)
     act = activation or "none"
     strides = (*a.stride(), *b.stride(), *c.stride())

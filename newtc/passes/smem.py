@@ -37,6 +37,25 @@ def _positions(k: ir.Kernel):
     return pos, end, parent
 
 
+def place(allocs: list, pos: dict, last: dict, spare_barriers: bool) -> int:
+    """First fit in program order over lifetimes; returns the bytes used."""
+    placed: list[tuple[int, int, int, int]] = []  # (lo, hi, start, stop)
+    for i, a in enumerate(allocs):
+        start, stop = pos[id(a)], last[id(a.result)]
+        if spare_barriers and i + 1 < len(allocs):
+            stop = max(stop, pos[id(allocs[i + 1])])
+        align = ALIGN if a.result.layout is not None and len(a.result.type.shape) == 2 else 128
+        size = -(-ir.buffer_bytes(a.result) // align) * align
+        offset = 0
+        for lo, hi in sorted((lo, hi) for lo, hi, s, e in placed if s <= stop and start <= e):
+            if offset + size <= lo:
+                break
+            offset = -(-max(offset, hi) // align) * align
+        a.attrs["offset"] = offset
+        placed.append((offset, offset + size, start, stop))
+    return max(hi for _, hi, _, _ in placed)
+
+
 def plan_smem(k: ir.Kernel) -> ir.Kernel:
     pos, end, parent = _positions(k)
     allocs = [op for op in ir.walk(k.body) if op.kind == "alloc"]
@@ -55,26 +74,13 @@ def plan_smem(k: ir.Kernel) -> ir.Kernel:
                     u = parent[id(u)]
                 last[id(a.result)] = max(last[id(a.result)], end[id(u)] - 1)
     allocs.sort(key=lambda a: pos[id(a)])
-    spans = []
-    for i, a in enumerate(allocs):
-        stop = last[id(a.result)]
-        if i + 1 < len(allocs):
-            stop = max(stop, pos[id(allocs[i + 1])])
-        spans.append((pos[id(a)], stop))
-    placed: list[tuple[int, int, int, int]] = []  # (lo, hi, start, stop)
-    for a, (start, stop) in zip(allocs, spans):
-        align = ALIGN if a.result.layout is not None and len(a.result.type.shape) == 2 else 128
-        size = -(-ir.buffer_bytes(a.result) // align) * align
-        busy = sorted((lo, hi) for lo, hi, s, e in placed if s <= stop and start <= e)
-        offset = 0
-        for lo, hi in busy:
-            if offset + size <= lo:
-                break
-            offset = -(-max(offset, hi) // align) * align
-        a.attrs["offset"] = offset
-        placed.append((offset, offset + size, start, stop))
-    k.smem_bytes = max(hi for _, hi, _, _ in placed)
     limit = LIMIT.get(k.spec.arch, 48 * 1024)
+    # first with each buffer kept until the next one's first use (no barrier between them), then, if that does
+    # not fit, with plain lifetimes (a barrier costs less than shared memory a program cannot have)
+    for spare_barriers in (True, False):
+        k.smem_bytes = place(allocs, pos, last, spare_barriers)
+        if k.smem_bytes <= limit:
+            break
     if k.smem_bytes > limit:
         raise NkError(f"kernel '{k.name}' needs {k.smem_bytes // 1024} KB of shared memory; a program on "
                       f"{k.spec.arch} can have {limit // 1024} KB", k.span,
