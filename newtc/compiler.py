@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from . import ast as A
 from . import check, codegen, ir, nvrtc, passes
-from .errors import SOURCES, NkError, flag
+from .errors import NkError, flag
 
 STAGES = ("ir", "cuda", "cubin")  # `until`: the typed IR after the passes, the CUDA C++, NVRTC's cubin and PTX
 
@@ -55,7 +55,6 @@ def compile(module: A.Module, name: str, spec: Spec, until: str = "cubin") -> Ou
     """Run the stages in order up to `until` (one of STAGES)."""
     if until not in STAGES:
         raise NkError(f"unknown stage '{until}'", hint=f"stages: {', '.join(STAGES)}")
-    SOURCES[module.file] = module.source  # diagnostics quote this module even if another reused its name
     k = passes.run_passes(check.check(module, name, spec))  # check, then the passes
     if until == "ir":
         return Output(k)

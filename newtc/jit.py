@@ -17,7 +17,6 @@ import gc
 import hashlib
 import json
 import os
-import pickle
 import struct
 import sys
 import threading
@@ -30,13 +29,12 @@ from torch import Tensor
 from . import ast as A
 from . import cache, check, compiler, driver, interpret, ir, nvrtc, syntax
 from .compiler import Spec
-from .errors import SOURCES, NkError, flag
+from .errors import NkError, flag
 from .types import DTYPES, Ptr, bool_, f32, i32, i64, torch_dtype_name
 
 _SRC = Path(__file__).resolve().parent
 # The compiler's own version: a hash of its source, so a changed compiler never reuses old binaries.
 VERSION = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_SRC.rglob("*.py")))).hexdigest()[:16]
-_disk = None
 INTERPRET = flag("NEWT_INTERPRET")  # read once: the launch path stays free of lookups
 
 
@@ -51,13 +49,6 @@ def gc_paused():
     finally:
         if enabled:
             gc.enable()
-
-
-def disk_cache() -> cache.DiskCache:
-    global _disk
-    if _disk is None:
-        _disk = cache.DiskCache()
-    return _disk
 
 
 @dataclass
@@ -299,7 +290,7 @@ class Kernel:
     def binary(self, args, meta, arch: str) -> Binary:
         spec = self.specialize(args, meta, arch)
         key = cache.key(VERSION, self.module.filename, self.module.text, self.name, repr(spec), repr(nvrtc.version()))
-        data = disk_cache().get(key)
+        data = cache.shared().get(key)
         if data is not None:
             try:
                 return Binary.unpack(data)
@@ -308,7 +299,7 @@ class Kernel:
         out = compiler.compile(self.module.ast, self.name, spec)
         b = Binary(out.cuda.name, out.binary.cubin, out.cuda.threads, out.cuda.smem_bytes,
                    [p.type.dtype for p in out.kernel.params])
-        disk_cache().put(key, b.pack())
+        cache.shared().put(key, b.pack())
         return b
 
     # ---- launching ---------------------------------------------------------------------------
@@ -373,30 +364,15 @@ def default_arch() -> str:
         return "sm_90a"
 
 
-def parsed(text: str, filename: str) -> A.Module:
-    """Parse, or take the AST from the disk cache: a warm process never builds the grammar's tables."""
-    key = cache.key(VERSION, "ast", filename, text)
-    with gc_paused():
-        data = disk_cache().get(key)
-        if data is not None:
-            try:
-                module = pickle.loads(data)
-                SOURCES[filename] = text
-                return module
-            except (pickle.UnpicklingError, AttributeError, EOFError, TypeError):
-                pass  # written by another compiler version: parse again
-        module = syntax.parse(text, filename)
-        disk_cache().put(key, pickle.dumps(module))
-    return module
-
-
 class Module:
     """A parsed `.nk` file; its kernels are attributes."""
 
-    def __init__(self, text: str, filename: str):
-        self.text = text
+    def __init__(self, text: str | bytes, filename: str):
+        self.text = syntax.decode(text, filename) if isinstance(text, bytes) else text
         self.filename = filename
-        self.ast = parsed(text, filename)
+        with gc_paused():
+            self.ast = syntax.parse_cached(self.text, filename)
+        check.check_names(self.ast)
         self.kernels = {d.name: Kernel(self, d) for d in self.ast.defs if d.kind == "kernel"}
 
     def __getattr__(self, name: str) -> Kernel:
@@ -418,11 +394,15 @@ def load(path) -> Module:
     key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
     mod = _loaded.get(key)
     if mod is None:
-        mod = _loaded[key] = Module(Path(path).read_text(), str(path))
+        mod = _loaded[key] = Module(Path(path).read_bytes(), str(path))
     return mod
 
 
-def compile(text: str, filename: str = "<string>") -> Module:
+def compile(text: str | bytes, filename: str = "<string>") -> Module:
+    """A module from source text (bytes are read as UTF-8, like a file)."""
+    if not isinstance(text, (str, bytes)) or not isinstance(filename, str):
+        raise TypeError(f"newtc.compile(text, filename) takes str (or bytes) and str, got "
+                        f"{type(text).__name__} and {type(filename).__name__}")
     return Module(text, filename)
 
 

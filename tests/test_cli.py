@@ -181,3 +181,42 @@ def test_aligned_specialization_gives_bare_vector_accesses(capsys):
     assert main(args + ["--aligned", "all"]) == 0
     proven = capsys.readouterr().out
     assert "& 15) == 0" in checked and "& 15) == 0" not in proven
+
+
+NO_TORCH = """
+import sys
+{body}
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "triton"))
+assert not heavy, heavy
+"""
+
+
+@pytest.mark.parametrize("body", [
+    "from newtc.cli import main; main(['--help'])",
+    f"from newtc.cli import main; assert main([{ADD!r}, *{ADD_SPEC!r}, '--emit', 'ptx']) == 0",
+    f"from newtc.cli import main; assert main(['--check', {ADD!r}]) == 0",
+    "import newtc, newtc.compiler, newtc.syntax; newtc.NkError",
+])
+def test_the_command_never_imports_torch(body, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NEWT_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", NO_TORCH.format(body=body)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+
+
+def test_python_dash_m_help_imports_no_torch(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "newtc", "--help"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0 and "usage: newtc" in done.stdout
+    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line]
+    assert "newtc.cli" in imported and not [m for m in imported if m.split(".")[0] == "torch"]
+
+
+def test_lazy_names_still_work(tmp_path):
+    code = ("import newtc, torch; m = newtc.compile('kernel k(x):\\n    store(x, 2.0)\\n'); x = torch.zeros(1); "
+            "m.k[(1,)](x); assert x.item() == 2.0; assert newtc.ops.add(x, x).item() == 4.0; "
+            "assert newtc.load is newtc.jit.load and isinstance(m, newtc.Module) and 'Kernel' in dir(newtc)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NEWT_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr

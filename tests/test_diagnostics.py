@@ -26,7 +26,7 @@ INTERNALS = ("Traceback", '.py"', "lark", "newtc/", "File \"")
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
     """Parsed modules are cached on disk: keep this module's entries out of the user's cache."""
-    monkeypatch.setattr(jit, "_disk", cache.DiskCache(tmp_path / "cache"))
+    monkeypatch.setenv("NEWT_CACHE_DIR", str(tmp_path / "cache"))
 
 
 def src(text: str) -> str:
@@ -48,7 +48,7 @@ def assert_diagnostic(err: newtc.NkError, file: str, line: int, col: int | None,
         assert int(head.group(2)) == col, out
     col = int(head.group(2))
     assert re.search(message, head.group(3)), out
-    text = newtc.errors.SOURCES[file]
+    text = err.span.source  # the span carries its file's text
     assert lines[1] == "  " + text.splitlines()[line - 1], out
     assert re.fullmatch(r"  " + " " * (col - 1) + r"\^~*", lines[2]), out
     if hint is not None:

@@ -445,9 +445,7 @@ def test_program_ids_over_a_3d_grid(capsys):
 # ---- through the checker: .nk source -> typed IR -> interpreter --------------------------------
 def nk(src, name, sig, file="file.nk", **constexprs):
     from newtc import check, syntax
-    from newtc.errors import SOURCES
 
-    SOURCES[file] = src
     sig = {k: T.parse_type(v) for k, v in sig.items()}
     return check.check(syntax.parse(src, file), name, Spec.of(sig, constexprs))
 

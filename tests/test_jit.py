@@ -17,7 +17,7 @@ import torch
 import newtc
 from newtc import cache, compiler, ir, jit, nvrtc, ops, syntax
 from newtc.compiler import Spec
-from newtc.errors import SOURCES, NkError
+from newtc.errors import NkError
 from newtc.types import Ptr, f32, i32, i64
 
 STDLIB = Path(__file__).resolve().parents[1] / "stdlib"
@@ -48,7 +48,6 @@ def cdiv(a: int, b: int) -> int:
 def point_cache_at(monkeypatch, directory) -> None:
     """Every disk-cache user (binaries, ASTs) in this process now reads and writes `directory`."""
     monkeypatch.setenv("NEWT_CACHE_DIR", str(directory))
-    monkeypatch.setattr(jit, "_disk", None)
 
 
 @pytest.fixture(autouse=True)
@@ -201,7 +200,7 @@ def test_binary_is_written_then_read(fresh_cache, monkeypatch):
 
     refuse_compile(monkeypatch)
     assert _binary(mod) == b
-    monkeypatch.setattr(jit, "_disk", None)  # a new process would start with no DiskCache object
+    monkeypatch.setattr(cache, "_shared", {})  # a new process would start with no DiskCache object
     assert _binary(mod) == b
 
 
@@ -255,9 +254,7 @@ def _compile_in_process(cache_dir, barrier, results):
 
     os.environ["NEWT_CACHE_DIR"] = cache_dir
     import newtc as nt
-    from newtc import jit as j
 
-    j._disk = None
     mod = nt.load(ADD)
     x = torch.empty(1000)
     barrier.wait(60)  # both compile at the same moment
@@ -285,7 +282,7 @@ def test_two_processes_compiling_at_once(fresh_cache, monkeypatch):
 # ---- the AST cache --------------------------------------------------------------------------------
 def test_ast_cache_returns_an_equal_ast(fresh_cache, monkeypatch):
     text = (STDLIB / "softmax.nk").read_text()
-    first = jit.parsed(text, "cached.nk")
+    first = syntax.parse_cached(text, "cached.nk")
     assert first == syntax.parse(text, "cached.nk")
     assert entries(fresh_cache)
 
@@ -294,22 +291,21 @@ def test_ast_cache_returns_an_equal_ast(fresh_cache, monkeypatch):
 
     real_parse = syntax.parse
     monkeypatch.setattr(syntax, "parse", no_parse)
-    SOURCES.pop("cached.nk", None)
-    second = jit.parsed(text, "cached.nk")
+    second = syntax.parse_cached(text, "cached.nk")
     assert second == first and second is not first
-    assert SOURCES["cached.nk"] == text  # diagnostics can still quote the source
+    assert second.defs[0].body[0].span.source == text  # diagnostics can still quote the source
     assert [d.name for d in second.defs] == ["softmax", "row_stats", "softmax_looped", "cross_entropy"]
     # another file name is another entry
     monkeypatch.setattr(syntax, "parse", real_parse)
-    assert jit.parsed(text, "other.nk").file == "other.nk"
+    assert syntax.parse_cached(text, "other.nk").file == "other.nk"
 
 
 def test_damaged_ast_entry_is_parsed_again(fresh_cache):
     text = ADD.read_text()
-    first = jit.parsed(text, "ast.nk")
+    first = syntax.parse_cached(text, "ast.nk")
     for path in fresh_cache.glob("*.bin"):
         path.write_bytes(path.read_bytes()[:-3])
-    assert jit.parsed(text, "ast.nk") == first
+    assert syntax.parse_cached(text, "ast.nk") == first
 
 
 # ---- CPU launches (the interpreter) ---------------------------------------------------------------
