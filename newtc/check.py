@@ -23,6 +23,7 @@ BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%":
           ">>": "shr", "&": "and", "|": "or", "^": "xor", "<": "lt", "<=": "le", ">": "gt", ">=": "ge",
           "==": "eq", "!=": "ne"}
 INT_ONLY = {"shl", "shr", "and", "or", "xor"}
+NOT_ON_BOOLS = {"add", "sub", "mul", "floordiv", "mod", "shl", "shr"}  # C would compute them in int
 MATH = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "floor", "ceil"}
 REDUCTIONS = {"sum", "max", "min", "argmax", "argmin"}
 ATOMICS = {"atomic_add": "add", "atomic_max": "max", "atomic_min": "min", "atomic_xchg": "xchg"}
@@ -389,6 +390,8 @@ class Checker:
         dt = x.type.dtype
         if kind in INT_ONLY and dt.is_float:
             raise NkError(f"'{op}' needs integer operands, got {dt}", span)
+        if kind in NOT_ON_BOOLS and dt == bool_:
+            raise NkError(f"'{op}' of two bools", span, "convert one first, e.g. x.to(i32); & | ^ are logical on bools")
         if kind == "div" and not dt.is_float:
             x, y = self.cast(x, f32, span), self.cast(y, f32, span)
         if kind in ir.COMPARISONS:

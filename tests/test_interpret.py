@@ -11,6 +11,12 @@ from newtc import types as T
 from newtc.errors import NkError, Span
 
 
+@pytest.fixture(autouse=True)
+def verify_values(monkeypatch):
+    """Every op's values must have the dtype and shape its IR type gives (interpret._verify)."""
+    monkeypatch.setenv("NEWT_VERIFY", "1")
+
+
 class B:
     """A tiny IR builder: each call appends one op to the innermost open region."""
 

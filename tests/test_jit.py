@@ -11,6 +11,7 @@ import sys
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -418,11 +419,31 @@ def test_launch_source_compiles_and_keys_on_the_kinds(kinds):
     assert src.count("data_ptr()") == kinds.count("tensor")
 
 
-@pytest.mark.parametrize("grid", [(1, 1, 1, 1), (-1,), (), ("two",), 2**31])
+BAD_GRIDS = [(1, 1, 1, 1), (-1,), (), ("two",), 2**31, (2**31,), (1, 65536), (1000 / 1024,), (1.9,), (0.0,),
+             (np.float64(3.0),), "12", (None,), lambda meta: (2.5,), lambda meta: "3"]
+
+
+@pytest.mark.parametrize("grid", BAD_GRIDS)
 def test_bad_grids_are_named(grid):
+    """A grid takes ints: a float is never truncated, a string never split (issue 14, item 2)."""
     add = newtc.load(ADD).add
-    with pytest.raises(NkError, match="a launch grid is 1 to 3 non-negative ints"):
-        add[grid](*add_args(), BLOCK=256)
+    x, y, out, n = add_args()
+    out.fill_(float("nan"))
+    for _ in range(2):  # the first launch goes through the general path, the second through the generated one
+        with pytest.raises(NkError, match=LOC + r"kernel 'add': bad launch grid") as info:
+            add[grid](x, y, out, n, BLOCK=256)
+        assert "a grid is a tuple of 1 to 3 ints" in info.value.render()
+        add[(4,)](x, y, out, n, BLOCK=256)  # a good grid caches the launch path between the two rounds
+    assert torch.equal(out, x + y)
+
+
+def test_integer_grids_of_other_types():
+    add = newtc.load(ADD).add
+    x, y, out, n = add_args()
+    for grid in [(np.int64(4),), (torch.tensor(4),), [4], (4, np.int32(1)), lambda meta: (np.int64(4),)]:
+        out.fill_(float("nan"))
+        add[grid](x, y, out, n, BLOCK=256)
+        assert torch.equal(out, x + y), grid
 
 
 # ---- 64-bit indices -------------------------------------------------------------------------------
