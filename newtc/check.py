@@ -417,13 +417,14 @@ class Checker:
         kwargs = {k: self.expr(v) for k, v in e.kwargs}
         if isinstance(f, Method):
             return self.method_to(f.value, args, kwargs, e.span)
-        if isinstance(f, Func) and f.name in self.defs:
-            d = self.defs[f.name]
-            if d.kind != "def":
+        if isinstance(f, Func):  # a helper, else a builtin (a helper never takes a builtin's name), else a kernel
+            d = self.defs.get(f.name)
+            if d is not None and d.kind == "def":
+                return self.inline(d, args, kwargs, e.span)
+            if f.name in BUILTINS:
+                return self.call_builtin(f.name, args, kwargs, e.span)
+            if d is not None:
                 raise NkError(f"'{d.name}' is a {d.kind}; only `def` helpers can be called from a kernel", e.func.span)
-            return self.inline(d, args, kwargs, e.span)
-        if isinstance(f, Func) and f.name in BUILTINS:
-            return self.call_builtin(f.name, args, kwargs, e.span)
         raise NkError(f"{describe(f)} is not callable", e.span)
 
     def method_to(self, v: ir.Value, args, kwargs, span):
@@ -739,6 +740,8 @@ def describe(v) -> str:
         return f"a {'block' if v.type.shape else 'scalar'} of type {v.type}"
     if isinstance(v, Func):
         return f"the function '{v.name}'"
+    if isinstance(v, DType):
+        return f"the dtype {v}"
     if isinstance(v, str):
         return f"the string {v!r}"
     return f"{type(v).__name__} {v!r}"

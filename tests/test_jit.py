@@ -4,8 +4,11 @@ ASTs, across processes), CPU launches through the interpreter, launch errors, 64
 Nothing here needs a GPU: binaries come from NVRTC for a named arch, launches run on CPU tensors."""
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
+import pickle
+import struct
 import subprocess
 import sys
 import re
@@ -309,6 +312,59 @@ def test_damaged_ast_entry_is_parsed_again(fresh_cache):
     assert syntax.parse_cached(text, "ast.nk") == first
 
 
+class RunsOnLoad:
+    """A pickle of this writes a file if anything unpickles it."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('ran')",))
+
+
+def forged_entries(ast_json: bytes, marker) -> list:
+    good = json.loads(ast_json)
+    renamed = json.loads(ast_json)
+    renamed[0]["node"] = "Exec"
+    extra = json.loads(ast_json)
+    extra[0]["extra"] = 1
+    bad_span = json.loads(ast_json)
+    bad_span[0]["span"] = [1, 2, "3", 4]
+    bool_for_int = json.loads(ast_json)
+    bool_for_int[0]["span"][0] = True
+    wrong_child = json.loads(ast_json)
+    wrong_child[0]["body"] = [good[0]]  # a definition where statements belong
+    return [pickle.dumps(RunsOnLoad(marker)), b"\xff\xfe", b"[" * 100000 + b"]" * 100000, b'{"a": 1}',
+            *(json.dumps(v).encode() for v in (renamed, extra, bad_span, bool_for_int, wrong_child))]
+
+
+def test_ast_entries_are_validated_data(fresh_cache, tmp_path):
+    """A parsed module is cached as JSON; an entry that is not a well-formed AST (a pickle among them, which
+    never runs) is parsed again and overwritten (issue 14, item 7)."""
+    text = ADD.read_text()
+    first = syntax.parse_cached(text, "forged.nk")
+    key = cache.key(syntax._format(), "ast", "forged.nk", text)
+    ast_json = cache.DiskCache(fresh_cache).get(key)
+    assert json.loads(ast_json)[0]["node"] == "FuncDef"
+    marker = tmp_path / "ran"
+    for forged in forged_entries(ast_json, marker):
+        cache.DiskCache(fresh_cache).put(key, forged)  # a valid header: only the payload is wrong
+        assert syntax.parse_cached(text, "forged.nk") == first
+        assert cache.DiskCache(fresh_cache).get(key) == ast_json  # rewritten
+    assert not marker.exists()
+
+
+def test_inspection_compiles_and_leaves_the_binary_cache_alone(fresh_cache, monkeypatch):
+    """k.ptx / k.sass (and newtc --emit) always run the pipeline; only launches read and write binaries
+    (issue 14, item 8; docs/architecture.md says why)."""
+    k = newtc.load(ADD).add
+    before = entries(fresh_cache)
+    calls = counting_compile(monkeypatch)
+    for _ in range(2):
+        k.ptx(*add_args(), BLOCK=1024, arch="sm_80")
+    assert calls == ["sm_80", "sm_80"] and entries(fresh_cache) == before
+
+
 # ---- CPU launches (the interpreter) ---------------------------------------------------------------
 def test_cpu_launch_matches_torch_and_leaves_masked_lanes():
     add = newtc.load(ADD).add
@@ -546,3 +602,62 @@ def test_launch_without_a_current_context_switches_for_that_launch_only():
         driver.set_context(previous)
     torch.cuda.synchronize()
     assert torch.equal(out, x + x)
+
+
+# ---- the generated launch path with the driver call replaced (no GPU needed) ------------------------------
+class FakeGpu:
+    """Loads nothing and records each cuLaunchKernelEx as (grid, packed slots); CPU tensors stand in for CUDA
+    ones, so a launcher is installed under the key the generated path computes for them."""
+
+    def __init__(self, monkeypatch):
+        self.launches = []
+        monkeypatch.setattr(jit.driver, "load_module", lambda cubin: 1)
+        monkeypatch.setattr(jit.driver, "get_function", lambda module, name: 1)
+        monkeypatch.setattr(jit.driver, "fast_launch_function", lambda: self.cu_launch)
+        monkeypatch.setattr(jit, "_stream", lambda device: 0)  # absent from CPU builds of torch
+
+    def cu_launch(self, buf, func, params, extra):
+        self.launches.append(bytes(buf))
+        return 0
+
+    def install(self, kernel, types):
+        """Launches of `kernel` with new keys get a Launcher for a kernel with these parameter types."""
+        binary, general = jit.Binary("nk_" + kernel.name, b"", 128, 0, types), kernel.miss
+
+        def miss(grid, args, meta, key):
+            if key is None or key in kernel.launchers:
+                return general(grid, args, meta, key)
+            kernel.launchers[key] = jit.Launcher(binary, 0).function()
+            return kernel.current(grid, *args, **meta)  # again through the generated path: now a hit
+
+        kernel.miss = miss
+        kernel.current = kernel.run
+
+
+def unpack(buf: bytes, slots: str) -> tuple:
+    return struct.unpack_from(jit.driver.LAUNCH_CONFIG + slots, buf)
+
+
+def test_the_generated_path_never_packs_a_value_that_does_not_fit(monkeypatch):
+    gpu = FakeGpu(monkeypatch)
+    k = newtc.compile(SCALAR_KERNEL, "fast.nk").k
+    gpu.install(k, [Ptr(f32), i32, jit.DTYPES["u8"]])
+    x = torch.zeros(4)
+    for u in (7, 255, 0):
+        k[(3, 2)](x, 5, u, B=4)
+    assert [unpack(b, "Qi4xB7x")[:3] + unpack(b, "Qi4xB7x")[-2:] for b in gpu.launches] == [
+        (3, 2, 1, 5, 7), (3, 2, 1, 5, 255), (3, 2, 1, 5, 0)]
+    for args, message in [((5, 300), "argument 'u' = 300 does not fit u8"),
+                          ((5, -1), "argument 'u' = -1 does not fit u8"),
+                          ((2**31, 1), "argument 'm' = 2147483648 does not fit i32"),
+                          ((5, 1.5), "argument 'u' = 1.5 is not an integer")]:
+        with pytest.raises(NkError, match=message):
+            k[(1,)](x, *args, B=4)
+    for grid in [(1.5,), (0.0,), ("2",), (2**32,), (1, -1)]:
+        with pytest.raises(NkError, match="bad launch grid"):
+            k[grid](x, 5, 7, B=4)
+    k[(0,)](x, 5, 7, B=4)  # an empty grid launches nothing
+    assert len(gpu.launches) == 3
+
+
+SCALAR_KERNEL = "kernel k(x, m: i32, u: u8, B: constexpr):\n    store(x + arange(0, B), (m + u.to(i32)).to(f32))\n"
