@@ -55,10 +55,15 @@ def compile(module: A.Module, name: str, spec: Spec, until: str = "cubin") -> Ou
     """Run the stages in order up to `until` (one of STAGES)."""
     if until not in STAGES:
         raise NkError(f"unknown stage '{until}'", hint=f"stages: {', '.join(STAGES)}")
-    k = passes.run_passes(check.check(module, name, spec))  # check, then the passes
-    if until == "ir":
-        return Output(k)
-    gen = codegen.generate(k, module.file)  # codegen
+    try:
+        k = passes.run_passes(check.check(module, name, spec))  # check, then the passes
+        if until == "ir":
+            return Output(k)
+        gen = codegen.generate(k, module.file)  # codegen
+    except RecursionError:  # the parser bounds nesting; what recurses past that is a compiler limit, located
+        d = next(d for d in module.defs if d.name == name)
+        raise NkError(f"internal limit: kernel '{name}' is too deep for the compiler (Python's recursion limit)",
+                      d.span, "shorten chains of index arithmetic that feed one another") from None
     if flag("NEWT_DEBUG"):
         print(f"// ---- newt: {k.name} {spec}\n{gen.source}", file=sys.stderr)
     if until == "cuda":

@@ -137,6 +137,22 @@ def m_same_kind(text, rng, vocab):
     return text[:t.start()] + rng.choice(same) + text[t.end():]
 
 
+# Values of every sort, to put where another belongs: type confusion reaches the checker's rules.
+FRAGMENTS = ("arange(0, 4)", "zeros([2, 2])", "zeros([4], i8)", "1.5", "-inf", "nan", "(1, 2)", "[8]", "'s'", "f32",
+             "None", "True", "program_id(0)", "load(x)", "x", "x + arange(0, 4)", "arange(0, 4) < 2", "n", "2**31",
+             "4294967296", "-1", "0", "x.dtype", "arange(0, 4).shape", "exp", "sum", "full([4], 1, u8)",
+             "reshape(arange(0, 8), [2, 4])", "trans(zeros([2, 4]))", "zeros([2, 4]) @ zeros([4, 2])", "not mask")
+
+
+def m_fragment(text, rng, vocab):
+    """Put a value of another sort where a name or a number was."""
+    toks = [m for m in TOKEN.finditer(text) if kind(m.group()) in ("name", "number")]
+    if not toks:
+        return text
+    t = rng.choice(toks)
+    return text[:t.start()] + rng.choice(FRAGMENTS) + text[t.end():]
+
+
 def kind(tok: str) -> str:
     return "name" if tok[:1].isalpha() or tok[:1] == "_" else "number" if tok[:1].isdigit() else \
         "string" if tok[:1] in "'\"" else "operator"
@@ -217,8 +233,8 @@ def m_unicode(text, rng, vocab):
     return text[:i] + rng.choice(UNICODE) + text[i:]
 
 
-TEXT_MUTATIONS = (m_token, m_token, m_same_kind, m_same_kind, m_same_kind, m_line, m_line, m_truncate, m_nest, m_long,
-                  m_literal, m_unicode)
+TEXT_MUTATIONS = (m_token, m_token, m_same_kind, m_same_kind, m_same_kind, m_fragment, m_fragment, m_fragment, m_line,
+                  m_line, m_truncate, m_nest, m_long, m_literal, m_unicode)
 
 
 ODD_VALUES = (0, 1, 3, -4, 2**20, 2**31, 2**40, 2**64 + 5, 1.5, -0.0, float("inf"), True, "x", None, (16, 16),
