@@ -147,8 +147,7 @@ def emit(args, module: A.Module, filename: str):
         p = no_value[0]
         raise NkError(f"missing constexpr '{p.name}' for kernel '{d.name}'", p.span, f"pass -D {p.name}=VALUE")
     aligned = frozenset(sig) if args.aligned == "all" else frozenset(filter(None, args.aligned.split(",")))
-    spec = Spec.of(sig, consts, num_warps=args.num_warps, num_stages=args.num_stages,
-                   aligned=aligned & frozenset(sig), arch=args.arch)
+    spec = Spec.of(sig, consts, num_warps=args.num_warps, num_stages=args.num_stages, aligned=aligned, arch=args.arch)
     stage = {"ir": "ir", "cuda": "cuda"}.get(args.emit, "cubin")
     result = compiler.compile(module, d.name, spec, until=stage)
     if args.emit == "ir":

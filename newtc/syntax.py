@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast as pyast
 import functools
 import hashlib
-import threading
 import warnings
 from pathlib import Path
 
@@ -82,17 +81,11 @@ def parse_cached(text: str, filename: str) -> ast.Module:
     return module
 
 
-_lock = threading.Lock()
-_PARSER: list = []  # the one lark parser, built on first use (tables take ~0.2 s) and then only read
-
-
+@functools.cache
 def _parser() -> lark.Lark:
-    if not _PARSER:
-        with _lock:
-            if not _PARSER:
-                grammar = (data_dir("grammar") / "nk.lark").read_text()
-                _PARSER.append(lark.Lark(grammar, parser="lalr", postlex=_PostLex(), propagate_positions=True))
-    return _PARSER[0]
+    """The one lark parser, built on first use (its tables take ~0.2 s), then only read."""
+    grammar = (data_dir("grammar") / "nk.lark").read_text()
+    return lark.Lark(grammar, parser="lalr", postlex=_PostLex(), propagate_positions=True)
 
 
 class _BadIndent(Exception):
@@ -146,15 +139,15 @@ class _Indenter(Indenter):
 
 def _check_depth(tree: lark.Tree, filename: str, text: str) -> None:
     """Every later stage recurses over the nesting, so a limit here keeps them all within Python's stack."""
-    stack = [(tree, 1)]
+    stack = [(tree, 1, tree.meta)]
     while stack:
-        t, depth = stack.pop()
+        t, depth, m = stack.pop()
+        m = m if t.meta.empty else t.meta  # the nearest node that has a position
         if depth > MAX_DEPTH:
-            m = t.meta
             raise NkError(f"nested too deeply: more than {MAX_DEPTH} levels of statements and expressions",
                           Span(filename, m.line, m.column, m.end_line, m.end_column, text),
                           "split the expression with intermediate names")
-        stack.extend((c, depth + 1) for c in t.children if isinstance(c, lark.Tree))
+        stack.extend((c, depth + 1, m) for c in t.children if isinstance(c, lark.Tree))
 
 
 # ---- syntax errors ---------------------------------------------------------------------------

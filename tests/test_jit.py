@@ -661,3 +661,20 @@ def test_the_generated_path_never_packs_a_value_that_does_not_fit(monkeypatch):
 
 
 SCALAR_KERNEL = "kernel k(x, m: i32, u: u8, B: constexpr):\n    store(x + arange(0, B), (m + u.to(i32)).to(f32))\n"
+
+
+@pytest.mark.gpu
+def test_gpu_launches_check_scalars_and_grids():
+    """On the GPU, bad scalars and grids are named through the cached launch path too; good ones run."""
+    k = newtc.compile(SCALAR_KERNEL, "gpufast.nk").k
+    x = torch.full((4,), float("nan"), device="cuda")
+    for m, u in [(5, 7), (-3, 255), (2**31 - 1, 0)]:
+        k[(1,)](x, m, u, B=4)
+        torch.cuda.synchronize()
+        assert torch.equal(x, torch.full((4,), float(m + u), device="cuda").to(torch.float32))
+    for args in [(5, 300), (2**31, 1), (5, 1.5)]:
+        with pytest.raises(NkError, match="argument '[mu]' = "):
+            k[(1,)](x, *args, B=4)
+    for grid in [(1.5,), ("2",), (0.0,), (1, 65536)]:
+        with pytest.raises(NkError, match="bad launch grid"):
+            k[grid](x, 5, 7, B=4)
