@@ -431,6 +431,8 @@ class Checker:
         if len(args) != 1 or set(kwargs) - {"bitcast"} or not isinstance(args[0], (DType, Ptr)):
             raise NkError("x.to() takes one dtype, e.g. x.to(f16)", span)
         if kwargs.get("bitcast"):
+            if isinstance(args[0], Ptr) != isinstance(v.type.dtype, Ptr):
+                raise NkError(f"bitcast between a pointer and a number: {v.type.dtype} to {args[0]}", span)
             if args[0].bits != v.type.dtype.bits:
                 raise NkError(f"bitcast needs equal widths: {v.type.dtype} and {args[0]}", span)
             return self.emit("bitcast", [v], v.type.with_dtype(args[0]), span)
@@ -992,10 +994,12 @@ def _fma(c: Checker, span, a, b, d):
 def _reduce(c: Checker, span, x, axis=None, keep_dims=False, *, _name=""):
     if _name in ("max", "min") and all(is_number(v) for v in (x, axis)):
         return (max if _name == "max" else min)(x, axis)  # max(A, B) of two constant numbers folds
-    if not isinstance(x, ir.Value) or not x.type.shape:
-        raise NkError(f"{_name}() reduces a block, got {describe(x)}", span)
+    if not isinstance(x, ir.Value) or not x.type.shape or isinstance(x.type.dtype, Ptr):
+        raise NkError(f"{_name}() reduces a block of numbers, got {describe(x)}", span)
     axis = c.constexpr(axis, "the reduction axis", span)
     keep_dims = c.constexpr(keep_dims, "keep_dims", span)
+    if type(keep_dims) is not bool:
+        raise NkError(f"keep_dims must be True or False, got {describe(keep_dims)}", span)
     if axis is not None and type(axis) is not int:
         raise NkError(f"the reduction axis must be an integer, got {axis!r}", span)
     if axis is None:
@@ -1050,8 +1054,8 @@ def _trans(c: Checker, span, x, *dims):
 @builtin("dot")
 def _dot(c: Checker, span, a, b, acc=None):
     for v in (a, b):
-        if not isinstance(v, ir.Value) or len(v.type.shape) != 2:
-            raise NkError(f"dot() takes two 2-D blocks, got {describe(v)}", span)
+        if not isinstance(v, ir.Value) or len(v.type.shape) != 2 or isinstance(v.type.dtype, Ptr):
+            raise NkError(f"dot() takes two 2-D blocks of numbers, got {describe(v)}", span)
     (m, k), (k2, n) = a.type.shape, b.type.shape
     if k != k2:
         raise NkError(f"dot() inner dimensions differ: {a.type} @ {b.type}", span)

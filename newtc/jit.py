@@ -457,12 +457,15 @@ _loaded: dict = {}
 
 def load(path) -> Module:
     """Parse a `.nk` file once per process; a file changed on disk (size or mtime) is parsed again."""
-    st = os.stat(path)
-    key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
-    mod = _loaded.get(key)
-    if mod is None:
-        mod = _loaded[key] = Module(Path(path).read_bytes(), str(path))
-    return mod
+    try:
+        st = os.stat(path)
+        key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
+        mod = _loaded.get(key)
+        if mod is None:
+            mod = _loaded[key] = Module(Path(path).read_bytes(), str(path))
+        return mod
+    except OSError as e:
+        raise NkError(f"cannot read {path}: {e.strerror}") from None
 
 
 def compile(text: str | bytes, filename: str = "<string>") -> Module:

@@ -535,13 +535,17 @@ def test_a_kernel_may_share_a_builtin_name_and_the_builtin_still_works():
     ("y = (arange(0, 4) < n) - (arange(0, 4) < 2)\n", 9, "'-' of two bools"),
     ("for i in static_range(0, 4, 0):\n    pass\n", 14, "static_range.. step must not be zero"),
     ("for i in static_range('a'):\n    pass\n", 14, "static_range end must be an integer, got the string 'a'"),
-    ("y = max(f32, 1)\n", 9, r"max\(\) reduces a block, got the dtype f32"),
+    ("y = max(f32, 1)\n", 9, r"max\(\) reduces a block of numbers, got the dtype f32"),
     ("y = minimum(1, 'a')\n", 9, "expected a number or a block, got the string 'a'"),
     ("y = trans(zeros([2, 4]), 0, 1.0)\n", 9, r"trans\(\) dims \[0, 1.0\] are not a permutation"),
     ("y = arange(0, 4).shape[0.5]\n", 9, "is not an integer in range"),
     ("y = arange(0, 4).shape[1:2:0]\n", 28, "a tuple slice takes integers"),
     ("y = 1 << 200\n", 9, "does not fit in 64 bits"),
     ("y = 4294967296 * 4294967296\n", 9, "does not fit in 64 bits"),
+    ("y = sum(zeros([4]), keep_dims=1.5)\n", 9, "keep_dims must be True or False, got float 1.5"),
+    ("y = max(x + arange(0, 4), axis=0)\n", 9, r"max\(\) reduces a block of numbers, got a block of type \*f32\[4\]"),
+    ("y = dot(x + zeros([2, 2], i32), x + zeros([2, 2], i32))\n", 9, "dot.. takes two 2-D blocks of numbers"),
+    ("y = x.to(i64, bitcast=True)\n", 9, r"bitcast between a pointer and a number: \*f32 to i64"),
     ("y = arange(0, 262144)\n", 9, r"a block of 262144 elements .* over the limit"),
     ("y = zeros([65536, 65536])\n", 9, r"a block of 4294967296 elements"),
     ("for i in static_range(10000000):\n    y = 1\n", 9, "the kernel is too long: over 131072 statements"),
@@ -607,6 +611,11 @@ def test_nesting_below_the_limit_compiles_and_caches(tmp_path):
         x = torch.tensor([-2.5])
         mod.k[(1,)](x, 1)
         assert x.item() == 1.5
+
+
+def test_names_are_ascii():  # they become C++ identifiers
+    err = compile_error("kernel k(x):\n    café = 1\n", "ascii.nk")
+    assert_diagnostic(err, "ascii.nk", 2, 8, "unexpected character 'é'")
 
 
 def test_huge_integer_literal():

@@ -368,6 +368,8 @@ def test_mutants_give_results_or_diagnostics(tmp_path, monkeypatch, capsys):
               f"{len(failures)} failures at {len(by_site)} sites")
         for s, n in by_site.most_common():
             print(f"  {n:5d}  {s}")
+        for seed, index, name, stage, where, data, tb in failures[:50]:  # tests.test_fuzz.mutant(seed, index)
+            print(f"  mutant {index} of seed {seed} ({name}), {stage}: {where}")
     if failures:
         seed, index, name, stage, where, data, tb = failures[0]
         pytest.fail(f"{len(failures)} mutants gave internal errors; the first, mutant {index} of seed {seed} "

@@ -678,3 +678,9 @@ def test_gpu_launches_check_scalars_and_grids():
     for grid in [(1.5,), ("2",), (0.0,), (1, 65536)]:
         with pytest.raises(NkError, match="bad launch grid"):
             k[grid](x, 5, 7, B=4)
+
+
+@pytest.mark.parametrize("path", ["missing.nk", "."], ids=["missing", "a-folder"])
+def test_load_of_a_file_that_cannot_be_read(tmp_path, path):
+    with pytest.raises(NkError, match="cannot read"):
+        newtc.load(tmp_path / path)
