@@ -176,8 +176,9 @@ class Checker:
         return results[0] if results else None
 
     def const(self, value, dtype: DType, span: Span) -> ir.Value:
-        if dtype.is_float:
-            value = float(value)
+        if dtype.is_float:  # as the dtype holds it: 1e39 is an f32 inf, and f16/bf16 round from that f32
+            with np.errstate(over="ignore"):
+                value = float(value) if dtype == f64 else float(np.float32(value))
         elif dtype.kind == "b":
             value = bool(value)
         elif isinstance(value, float):  # a float literal given an integer type converts like x.to(i32)

@@ -711,3 +711,13 @@ def test_numpy_and_torch_constexprs_are_plain():
     mod.k[(1,)](x, B=np.int64(8), T=torch.float16)
     assert torch.equal(x, torch.full((8,), 2.0))
     assert "[B=8, T=f16]" in mod.k.ir(x, B=np.int64(8), T=torch.float16)
+
+
+def test_a_float_constant_beyond_its_dtype_is_inf():
+    """A constant holds what its dtype holds: 1e39 as f32 is inf, on both targets (NVRTC refused 1e+39f)."""
+    mod = newtc.compile("kernel k(x):\n    store(x + arange(0, 2), full([2], 1e39, f32) * where(arange(0, 2) == 0, "
+                        "1.0, -1.0))\n", "bigfloat.nk")
+    x = torch.zeros(2)
+    mod.k[(1,)](x)
+    assert x.tolist() == [float("inf"), float("-inf")]
+    assert ".entry nk_k" in mod.k.ptx(x, arch="sm_90a")
