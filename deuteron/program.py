@@ -17,7 +17,7 @@ import torch
 import newtc
 from newtc import ast as A
 from newtc.errors import NkError, flag
-from newtc.jit import parsed
+from newtc.syntax import parse_cached as parsed
 
 from . import lang, lower, search, store
 

@@ -4,7 +4,10 @@ syntax.py builds these from the lark parse tree; check.py consumes them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import types
+import typing
+from dataclasses import dataclass, field, fields
 
 from .errors import Span
 
@@ -169,3 +172,63 @@ class Module:
     file: str
     source: str
     defs: list[FuncDef] = field(default_factory=list)
+
+
+# ---- the AST as JSON (the disk cache stores it so; nothing in it executes on load) ---------------
+NODES = {cls.__name__: cls for cls in (Name, Num, Const, Str, BinOp, UnaryOp, Call, Attribute, Slice, Subscript,
+                                       TupleExpr, ListExpr, Assign, AugAssign, ExprStmt, For, If, Return, Pass,
+                                       Param, FuncDef)}
+
+
+def to_json(module: Module) -> bytes:
+    def enc(v):
+        if isinstance(v, Span):
+            return [v.line, v.col, v.end_line, v.end_col]
+        if type(v) in NODES.values():
+            return {"node": type(v).__name__, **{f.name: enc(getattr(v, f.name)) for f in fields(v)}}
+        return [enc(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    return json.dumps([enc(d) for d in module.defs], separators=(",", ":")).encode()
+
+
+def from_json(data: bytes, file: str, source: str) -> Module:
+    """The module that to_json wrote; ValueError unless every node has exactly its fields, of their types."""
+    def dec(v, hint):
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if hint is Span:
+            if not (isinstance(v, list) and len(v) == 4 and all(type(x) is int for x in v)):
+                raise ValueError(f"bad span {v!r}")
+            return Span(file, *v, source)
+        if origin is list:
+            if not isinstance(v, list):
+                raise ValueError(f"expected a list, got {v!r}")
+            return [dec(x, args[0]) for x in v]
+        if origin is tuple:
+            if not (isinstance(v, list) and len(v) == len(args)):
+                raise ValueError(f"expected {len(args)} items, got {v!r}")
+            return tuple(dec(x, a) for x, a in zip(v, args))
+        if origin in (typing.Union, types.UnionType):
+            if isinstance(v, dict):
+                cls = NODES.get(v.get("node"))
+                if cls not in args:
+                    raise ValueError(f"a {v.get('node')!r} node where {hint} belongs")
+                return dec(v, cls)
+            if not any(type(v) is a for a in args):  # exact types: a JSON true is no int here
+                raise ValueError(f"{v!r} is not {hint}")
+            return v
+        if hint in NODES.values():
+            if not (isinstance(v, dict) and v.get("node") == hint.__name__ and v.keys() == HINTS[hint].keys() | {"node"}):
+                raise ValueError(f"expected a {hint.__name__} node, got {v!r}")
+            return hint(**{name: dec(v[name], h) for name, h in HINTS[hint].items()})
+        if type(v) is not hint:
+            raise ValueError(f"{v!r} is not {hint}")
+        return v
+
+    try:
+        defs = json.loads(data)
+        return Module(file, source, dec(defs, list[FuncDef]))
+    except (RecursionError, UnicodeDecodeError, TypeError) as e:  # nesting no parse would give; not text
+        raise ValueError(str(e)) from None
+
+
+HINTS = {cls: typing.get_type_hints(cls) for cls in NODES.values()}  # field name -> its type, per node class

@@ -1,7 +1,8 @@
-"""The on-disk cache of compiled kernels: atomic writes, checksummed entries, never fatal.
+"""The on-disk cache of compiled kernels and parsed modules: atomic writes, checksummed entries, never fatal.
 
-A damaged entry reads as a miss (and is deleted) so the caller simply recompiles; a cache folder that
-cannot be written is reported once and then ignored."""
+An entry holds its key: one copied or renamed from another key's file is not served. A damaged entry reads
+as a miss (and is deleted) so the caller simply recompiles; a cache folder that cannot be written is
+reported once and then ignored. Entries are data (a cubin, JSON): nothing in the folder runs on load."""
 from __future__ import annotations
 
 import contextlib
@@ -9,11 +10,12 @@ import hashlib
 import os
 import struct
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
-_MAGIC = b"NEWTBIN1"
-_HEADER = struct.Struct("<8sQ32s")  # magic, payload length, sha256 of the payload
+_MAGIC = b"NEWTBIN2"
+_HEADER = struct.Struct("<8s32sQ32s")  # magic, the key, payload length, sha256 of the key and the payload
 
 
 def key(*parts: str | bytes) -> str:
@@ -26,8 +28,25 @@ def key(*parts: str | bytes) -> str:
     return h.hexdigest()
 
 
+def _digest(k: bytes, payload: bytes) -> bytes:
+    h = hashlib.sha256(k)
+    h.update(payload)
+    return h.digest()
+
+
 def default_dir() -> Path:
     return Path(os.environ.get("NEWT_CACHE_DIR") or Path.home() / ".cache" / "newt")
+
+
+_shared: dict = {}
+_lock = threading.Lock()
+
+
+def shared() -> "DiskCache":
+    """The process's cache in default_dir(), one object per folder (it remembers an unwritable folder)."""
+    directory = default_dir()
+    with _lock:
+        return _shared.setdefault(directory, DiskCache(directory))
 
 
 class DiskCache:
@@ -36,7 +55,7 @@ class DiskCache:
         self.writable = True  # turned off, with one warning, by the first failed write
 
     def _path(self, key: str) -> Path:
-        if not key.isalnum():  # keys come from key(); anything else could escape the folder
+        if len(key) != 64 or not all(c in "0123456789abcdef" for c in key):  # keys come from key()
             raise ValueError(f"bad cache key {key!r}")
         return self.dir / f"{key}.bin"
 
@@ -48,9 +67,10 @@ class DiskCache:
         except OSError:
             return None
         if len(blob) >= _HEADER.size:
-            magic, length, digest = _HEADER.unpack_from(blob)
+            magic, stored_key, length, digest = _HEADER.unpack_from(blob)
             payload = blob[_HEADER.size:]
-            if magic == _MAGIC and length == len(payload) and hashlib.sha256(payload).digest() == digest:
+            if (magic, stored_key, length) == (_MAGIC, bytes.fromhex(key), len(payload)) and \
+                    _digest(stored_key, payload) == digest:
                 return payload
         with contextlib.suppress(OSError):
             path.unlink()
@@ -65,7 +85,8 @@ class DiskCache:
             self.dir.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{key}.", suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
-                f.write(_HEADER.pack(_MAGIC, len(data), hashlib.sha256(data).digest()))
+                k = bytes.fromhex(key)
+                f.write(_HEADER.pack(_MAGIC, k, len(data), _digest(k, data)))
                 f.write(data)
             os.replace(tmp, path)  # atomic; concurrent writers of one key each replace it whole
         except OSError as e:

@@ -17,16 +17,23 @@ from dataclasses import dataclass
 from . import ast as A
 from . import ir
 from .errors import NkError, Span
-from .types import DTYPES, DType, Ptr, Type, bool_, f32, f64, i32, i64, promote
+from .types import DTYPES, DType, Ptr, Type, bf16, bool_, f16, f32, f64, i32, i64, promote
 
 BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod", "<<": "shl",
           ">>": "shr", "&": "and", "|": "or", "^": "xor", "<": "lt", "<=": "le", ">": "gt", ">=": "ge",
           "==": "eq", "!=": "ne"}
 INT_ONLY = {"shl", "shr", "and", "or", "xor"}
+NOT_ON_BOOLS = {"add", "sub", "mul", "floordiv", "mod", "shl", "shr"}  # C would compute them in int
 MATH = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "floor", "ceil"}
 REDUCTIONS = {"sum", "max", "min", "argmax", "argmin"}
 ATOMICS = {"atomic_add": "add", "atomic_max": "max", "atomic_min": "min", "atomic_xchg": "xchg"}
 CONSTANTS = {"inf": math.inf, "nan": math.nan, **DTYPES}
+LOOPS = ("range", "static_range")
+# Limits that keep every later stage (and NVRTC) within seconds; docs/language.md lists them.
+MAX_BLOCK = 2**20  # elements of one block, as in Triton
+MAX_PER_THREAD = 512  # elements of one block per thread (num_warps * 32 threads); NVRTC time grows faster
+MAX_STATEMENTS = 2**17  # statements checked, after static_range unrolling and helper inlining
+MAX_CONST = 2**64  # compile-time integers stay within (-MAX_CONST, MAX_CONST)
 
 
 class _Return(Exception):
@@ -41,6 +48,12 @@ class Method:
     name: str
 
 
+@dataclass(frozen=True)
+class Func:
+    """A builtin or a helper, named: what a call's callee evaluates to (a string is only a string)."""
+    name: str
+
+
 def c_div(a, b):
     """Integer division as C does it (truncation), which the language promises."""
     q = abs(a) // abs(b)
@@ -50,6 +63,10 @@ def c_div(a, b):
 def fold(op: str, a, b):
     """Fold a binary operator on two compile-time values with the language's semantics."""
     both_int = isinstance(a, int) and isinstance(b, int)
+    if op == "@":
+        raise TypeError("'@' multiplies blocks")
+    if op == "<<" and both_int and b >= 128:  # checked before Python builds a huge integer
+        raise OverflowError
     if op in ("//", "%") and both_int:
         if b == 0:
             raise ZeroDivisionError
@@ -75,6 +92,10 @@ def fold(op: str, a, b):
 
 def is_const(v) -> bool:
     return not isinstance(v, ir.Value)
+
+
+def is_number(v) -> bool:
+    return isinstance(v, (bool, int, float))
 
 
 def literal_dtype(v) -> DType:
@@ -122,32 +143,52 @@ def builtin(*names):
     return register
 
 
+def int_range(dtype: DType) -> tuple[int, int]:
+    """The lowest and highest value of an integer dtype."""
+    return (0, (1 << dtype.bits) - 1) if dtype.kind == "u" else (-(1 << dtype.bits - 1), (1 << dtype.bits - 1) - 1)
+
+
+def saturate(value: float, dtype: DType) -> int:
+    """A float converted to an integer dtype as the GPU does (cvt.rzi.sat): toward zero, clamped, NaN -> 0."""
+    lo, hi = int_range(dtype)
+    return 0 if math.isnan(value) else lo if value <= lo else hi if value >= hi else int(value)
+
+
 class Checker:
-    def __init__(self, module: A.Module, idx64: bool):
+    def __init__(self, module: A.Module, spec):
         self.module = module
         self.defs = {d.name: d for d in module.defs}
-        self.idx64 = idx64
+        self.idx64 = spec.idx64
+        self.threads = 32 * spec.num_warps
         self.region = ir.Region()
         self.env: dict = {}
         self.depth = 0
+        self.statements = 0
 
     # ---- emission ----------------------------------------------------------------------------
     def emit(self, kind: str, args, rtype: Type | None, span: Span, attrs=None, name: str = "") -> ir.Value | None:
+        if rtype is not None and rtype.numel > min(MAX_BLOCK, MAX_PER_THREAD * self.threads):
+            raise NkError(f"a block of {rtype.numel} elements ({rtype}) is over the limit of {MAX_BLOCK} per program "
+                          f"and {MAX_PER_THREAD} per thread ({self.threads} threads here)", span,
+                          "use a smaller block and loop over the data, or more warps")
         results = [ir.Value(rtype, name)] if rtype is not None else []
         self.region.ops.append(ir.Op(kind, list(args), results, attrs or {}, span))
         return results[0] if results else None
 
     def const(self, value, dtype: DType, span: Span) -> ir.Value:
-        if dtype.is_float:
-            value = float(value)
+        if dtype.is_float:  # as the dtype holds it: 1e39 is an f32 inf, and f16/bf16 round from that f32
+            with np.errstate(over="ignore"):
+                value = float(value) if dtype == f64 else float(np.float32(value))
         elif dtype.kind == "b":
             value = bool(value)
+        elif isinstance(value, float):  # a float literal given an integer type converts like x.to(i32)
+            value = saturate(value, dtype)
         else:
-            value = int(value)
-            lo, hi = (0, 1 << dtype.bits) if dtype.kind == "u" else (-(1 << dtype.bits - 1), 1 << dtype.bits - 1)
-            if not lo <= value < hi:
+            lo, hi = int_range(dtype)
+            if not lo <= value <= hi:
                 raise NkError(f"the integer {value} does not fit in {dtype}", span,
-                              f"{dtype} holds {lo} to {hi - 1}; convert the other operand first, e.g. x.to(i64)")
+                              f"{dtype} holds {lo} to {hi}; convert the other operand first, e.g. x.to(i64)")
+            value = int(value)
         return self.emit("const", [], Type((), dtype), span, {"value": value})
 
     def value(self, v, span: Span, dtype: DType | None = None) -> ir.Value:
@@ -170,10 +211,11 @@ class Checker:
             return v
         if not v.type.shape:
             return self.emit("splat", [v], Type(shape, v.type.dtype), span)
+        if broadcast_shapes(v.type.shape, shape, span) != shape:
+            raise NkError(f"cannot broadcast {v.type} to {list(shape)}", span)
         while len(v.type.shape) < len(shape):
             v = self.emit("expand_dims", [v], Type((1,) + v.type.shape, v.type.dtype), span, {"axis": 0})
         if v.type.shape != shape:
-            broadcast_shapes(v.type.shape, shape, span)
             v = self.emit("broadcast", [v], Type(shape, v.type.dtype), span)
         return v
 
@@ -225,8 +267,8 @@ class Checker:
             return self.env[e.id]
         if e.id in CONSTANTS:
             return CONSTANTS[e.id]
-        if e.id in BUILTINS or e.id in self.defs or e.id in ("range", "static_range", "constexpr"):
-            return e.id
+        if e.id in BUILTINS or e.id in self.defs or e.id in LOOPS:
+            return Func(e.id)
         known = list(self.env) + list(BUILTINS) + list(self.defs) + list(CONSTANTS)
         close = difflib.get_close_matches(e.id, known, n=1)
         raise NkError(f"unknown name '{e.id}'", e.span, f"did you mean '{close[0]}'?" if close else "")
@@ -249,11 +291,17 @@ class Checker:
         if isinstance(v, (tuple, list)):
             if len(e.index) != 1:
                 raise NkError("a tuple takes one index", e.span)
-            i = self.constexpr(self.expr(e.index[0]), "a tuple index", e.index[0].span)
-            try:
-                return v[i]
-            except (IndexError, TypeError):
-                raise NkError(f"index {i} out of range for a tuple of {len(v)}", e.span) from None
+            item = e.index[0]
+            if isinstance(item, A.Slice):  # shape[1:], with Python's rules
+                bounds = [None if b is None else self.constexpr(self.expr(b), "a slice bound", b.span)
+                          for b in (item.lower, item.upper, item.step)]
+                if not all(b is None or type(b) is int for b in bounds) or bounds[2] == 0:
+                    raise NkError(f"a tuple slice takes integers (and a step other than 0), got {bounds}", item.span)
+                return v[slice(*bounds)]
+            i = self.constexpr(self.expr(item), "a tuple index", item.span)
+            if type(i) is not int or not -len(v) <= i < len(v):
+                raise NkError(f"index {describe(i)} is not an integer in range for a tuple of {len(v)}", e.span)
+            return v[i]
         if not isinstance(v, ir.Value) or not v.type.shape:
             raise NkError(f"cannot index {describe(v)}", e.span,
                           "blocks take `x[:, None]` / `x[None, :]` to add an axis; pointers use `p + offset`")
@@ -284,6 +332,8 @@ class Checker:
         if e.op == "+":
             return v
         if e.op == "-":
+            if v.type.dtype == bool_:
+                raise NkError(f"unary '-' needs a number, got {v.type}", e.span, "use `not` or `~` to negate a bool")
             return self.emit("neg", [v], v.type, e.span)
         if e.op == "not":
             v = self.truth(v, e.span)
@@ -294,6 +344,9 @@ class Checker:
     def truth(self, v: ir.Value, span: Span) -> ir.Value:
         if v.type.dtype == bool_:
             return v
+        if isinstance(v.type.dtype, Ptr):
+            raise NkError(f"a pointer ({v.type}) cannot be a condition or a mask", span,
+                          "compare offsets instead, e.g. mask=offs < n")
         zero = self.to_shape(self.const(0, v.type.dtype, span), v.type.shape, span)
         return self.emit("ne", [v, zero], v.type.with_dtype(bool_), span)
 
@@ -314,9 +367,14 @@ class Checker:
                 raise NkError(f"unsupported operands for '{op}': {describe(a)} and {describe(b)}", span)
             try:
                 with np.errstate(all="ignore"):
-                    return fold(op, a, b)
+                    r = fold(op, a, b)
+                if type(r) is int and not -MAX_CONST < r < MAX_CONST:
+                    raise OverflowError
+                return r
             except ZeroDivisionError:
                 raise NkError("integer division by zero in a constant expression", span) from None
+            except OverflowError:
+                raise NkError(f"the constant {describe(a)} {op} {describe(b)} does not fit in 64 bits", span) from None
             except (TypeError, ValueError) as e:
                 raise NkError(f"bad operands for '{op}': {describe(a)} and {describe(b)} ({e})", span) from None
         if op == "@":
@@ -333,6 +391,8 @@ class Checker:
         dt = x.type.dtype
         if kind in INT_ONLY and dt.is_float:
             raise NkError(f"'{op}' needs integer operands, got {dt}", span)
+        if kind in NOT_ON_BOOLS and dt == bool_:
+            raise NkError(f"'{op}' of two bools", span, "convert one first, e.g. x.to(i32); & | ^ are logical on bools")
         if kind == "div" and not dt.is_float:
             x, y = self.cast(x, f32, span), self.cast(y, f32, span)
         if kind in ir.COMPARISONS:
@@ -353,29 +413,27 @@ class Checker:
         return self.emit("ptradd", [ptr, off], ptr.type, span)
 
     def expr_Call(self, e: A.Call):
-        f = self.expr(e.func) if not isinstance(e.func, A.Name) or e.func.id in self.env else self.callee(e.func)
+        f = self.expr(e.func)
         args = [self.expr(a) for a in e.args]
         kwargs = {k: self.expr(v) for k, v in e.kwargs}
         if isinstance(f, Method):
             return self.method_to(f.value, args, kwargs, e.span)
-        if isinstance(f, str) and f in self.defs and f not in BUILTINS:
-            return self.inline(self.defs[f], args, kwargs, e.span)
-        if isinstance(f, str) and f in BUILTINS:
-            return self.call_builtin(f, args, kwargs, e.span)
+        if isinstance(f, Func):  # a helper, else a builtin (a helper never takes a builtin's name), else a kernel
+            d = self.defs.get(f.name)
+            if d is not None and d.kind == "def":
+                return self.inline(d, args, kwargs, e.span)
+            if f.name in BUILTINS:
+                return self.call_builtin(f.name, args, kwargs, e.span)
+            if d is not None:
+                raise NkError(f"'{d.name}' is a {d.kind}; only `def` helpers can be called from a kernel", e.func.span)
         raise NkError(f"{describe(f)} is not callable", e.span)
-
-    def callee(self, name: A.Name):
-        if name.id in self.defs:
-            d = self.defs[name.id]
-            if d.kind != "def":
-                raise NkError(f"'{name.id}' is a {d.kind}; only `def` helpers can be called from a kernel", name.span)
-            return name.id
-        return self.expr_Name(name)
 
     def method_to(self, v: ir.Value, args, kwargs, span):
         if len(args) != 1 or set(kwargs) - {"bitcast"} or not isinstance(args[0], (DType, Ptr)):
             raise NkError("x.to() takes one dtype, e.g. x.to(f16)", span)
         if kwargs.get("bitcast"):
+            if isinstance(args[0], Ptr) != isinstance(v.type.dtype, Ptr):
+                raise NkError(f"bitcast between a pointer and a number: {v.type.dtype} to {args[0]}", span)
             if args[0].bits != v.type.dtype.bits:
                 raise NkError(f"bitcast needs equal widths: {v.type.dtype} and {args[0]}", span)
             return self.emit("bitcast", [v], v.type.with_dtype(args[0]), span)
@@ -420,6 +478,10 @@ class Checker:
     # ---- statements --------------------------------------------------------------------------
     def block(self, stmts: list):
         for s in stmts:
+            self.statements += 1
+            if self.statements > MAX_STATEMENTS:
+                raise NkError(f"the kernel is too long: over {MAX_STATEMENTS} statements once static_range loops "
+                              "are unrolled and helpers inlined", s.span, "use a runtime range() loop")
             getattr(self, "stmt_" + type(s).__name__)(s)
 
     def stmt_Pass(self, s):
@@ -544,7 +606,10 @@ class Checker:
             raise NkError("a range loop binds one name", s.target.span)
         if s.iter.func.id == "static_range":
             for v, what in ((lo, "start"), (hi, "end"), (step, "step")):
-                self.constexpr(v, f"static_range {what}", s.iter.span)
+                if type(self.constexpr(v, f"static_range {what}", s.iter.span)) is not int:
+                    raise NkError(f"static_range {what} must be an integer, got {describe(v)}", s.iter.span)
+            if step == 0:
+                raise NkError("static_range() step must not be zero", s.iter.span)
             for i in range(lo, hi, step):
                 self.env[s.target.id] = i
                 self.block(s.body)
@@ -676,9 +741,28 @@ def assigned_names(stmts) -> list[str]:
 def describe(v) -> str:
     if isinstance(v, ir.Value):
         return f"a {'block' if v.type.shape else 'scalar'} of type {v.type}"
+    if isinstance(v, Func):
+        return f"the function '{v.name}'"
+    if isinstance(v, DType):
+        return f"the dtype {v}"
     if isinstance(v, str):
-        return f"'{v}'"
+        return f"the string {v!r}"
     return f"{type(v).__name__} {v!r}"
+
+
+def check_names(module: A.Module) -> None:
+    """A helper named like a builtin or a constant could never be called: say so at its definition."""
+    for d in module.defs:
+        if d.kind == "def" and (d.name in BUILTINS or d.name in CONSTANTS or d.name in LOOPS):
+            raise NkError(f"helper '{d.name}' has the name of a builtin, which it would never replace", d.span,
+                          "rename the helper")
+
+
+def is_constexpr_value(v) -> bool:
+    """What a constexpr may be: a number, a string, a dtype, None, or a tuple of these."""
+    if isinstance(v, tuple):
+        return all(map(is_constexpr_value, v))
+    return v is None or isinstance(v, (str, DType)) or (is_number(v) and not (type(v) is int and abs(v) >= MAX_CONST))
 
 
 def check(module: A.Module, name: str, spec) -> ir.Kernel:
@@ -688,14 +772,20 @@ def check(module: A.Module, name: str, spec) -> ir.Kernel:
         kernels = [k.name for k in module.defs if k.kind == "kernel"]
         raise NkError(f"no kernel named '{name}' in {module.file}", None,
                       f"kernels: {', '.join(kernels)}" if kernels else "")
-    if not is_pow2(spec.num_warps) or spec.num_warps > 32:
-        raise NkError(f"num_warps={spec.num_warps} must be a power of two from 1 to 32", d.span)
-    c = Checker(module, spec.idx64)
+    check_names(module)
+    if type(spec.num_warps) is not int or not is_pow2(spec.num_warps) or spec.num_warps > 32:
+        raise NkError(f"num_warps={spec.num_warps!r} must be a power of two from 1 to 32", d.span)
+    if type(spec.num_stages) is not int or spec.num_stages < 1:
+        raise NkError(f"num_stages={spec.num_stages!r} must be an integer of at least 1", d.span)
+    c = Checker(module, spec)
     sig, constexprs = spec.types, spec.values
     params = []
     for p in d.params:
         if is_constexpr_annot(p.annotation):
             if p.name in constexprs:
+                if not is_constexpr_value(constexprs[p.name]):
+                    raise NkError(f"constexpr '{p.name}' of kernel '{name}' cannot be {describe(constexprs[p.name])}",
+                                  p.span, "a constexpr is an int, a float, a bool, a string, a dtype or a tuple of these")
                 c.env[p.name] = constexprs[p.name]
             elif p.default is not None:
                 c.env[p.name] = c.expr(p.default)
@@ -711,9 +801,10 @@ def check(module: A.Module, name: str, spec) -> ir.Kernel:
             if isinstance(fixed, Ptr) != isinstance(t, Ptr) or (isinstance(fixed, Ptr) and fixed != t):
                 raise NkError(f"parameter '{p.name}' is declared {fixed.name} but got {t.name}", p.span)
             t = fixed
-        v = ir.Value(Type((), t), p.name)
+        # a 16-bit float scalar travels as f32 (launch slots hold 32 or 64 bits) and is rounded on entry
+        v = ir.Value(Type((), f32 if t in (f16, bf16) else t), p.name)
         params.append(v)
-        c.env[p.name] = v
+        c.env[p.name] = c.cast(v, t, p.span)
     try:
         c.block(d.body)
     except _Return as r:
@@ -773,9 +864,19 @@ def memory_mask(c: Checker, mask, shape: tuple, span: Span):
     return c.to_shape(c.truth(mask, span), shape, span), shape
 
 
+def scalar_access(ptr: ir.Value, what: str, v, span: Span) -> None:
+    """Through a scalar pointer, one lane accesses memory: a block value, mask or `other` is a mistake
+    (a block stored through a scalar pointer would store one of its lanes; usually a `sum` is missing)."""
+    if not ptr.type.shape and isinstance(v, ir.Value) and v.type.shape:
+        raise NkError(f"{what} is a block ({v.type}) but the pointer is a scalar ({ptr.type})", span,
+                      "reduce it first (e.g. sum(v)), or offset the pointer by a block (p + arange(0, N))")
+
+
 @builtin("load")
 def _load(c: Checker, span, ptr, mask=None, other=None):
     need_pointer(ptr, "load()", span)
+    scalar_access(ptr, "the mask", mask, span)
+    scalar_access(ptr, "other=", other, span)
     mask, shape = memory_mask(c, mask, ptr.type.shape, span)
     elem = ptr.type.dtype.elem
     if other is not None:
@@ -789,6 +890,8 @@ def _load(c: Checker, span, ptr, mask=None, other=None):
 @builtin("store")
 def _store(c: Checker, span, ptr, value, mask=None):
     need_pointer(ptr, "store()", span)
+    scalar_access(ptr, "the value", value, span)
+    scalar_access(ptr, "the mask", mask, span)
     value = c.value(value, span, ptr.type.dtype.elem)
     shape = broadcast_shapes(ptr.type.shape, value.type.shape, span)
     mask, shape = memory_mask(c, mask, shape, span)
@@ -841,7 +944,7 @@ def _cdiv(c: Checker, span, a, b):
 
 @builtin("minimum", "maximum")
 def _minmax(c: Checker, span, a, b, *, _name=""):
-    if is_const(a) and is_const(b):
+    if is_number(a) and is_number(b):
         return min(a, b) if _name == "minimum" else max(a, b)
     x, y = c.unify([a, b], span)
     if isinstance(x.type.dtype, Ptr):
@@ -875,8 +978,8 @@ def _abs(c: Checker, span, x):
         if not isinstance(x, (int, float)):
             raise NkError(f"abs() needs a number or a block, got {describe(x)}", span)
         return abs(x)
-    if isinstance(x.type.dtype, Ptr):
-        raise NkError("abs() does not apply to a pointer", span)
+    if isinstance(x.type.dtype, Ptr) or x.type.dtype == bool_:
+        raise NkError(f"abs() needs a number, got {x.type}", span)
     return c.emit("abs", [x], x.type, span)
 
 
@@ -890,12 +993,14 @@ def _fma(c: Checker, span, a, b, d):
 
 @builtin(*REDUCTIONS)
 def _reduce(c: Checker, span, x, axis=None, keep_dims=False, *, _name=""):
-    if is_const(x) and _name in ("max", "min") and isinstance(axis, (int, float)) and not isinstance(x, str):
-        return (max if _name == "max" else min)(x, axis)  # max(A, B) of two constants folds
-    if not isinstance(x, ir.Value) or not x.type.shape:
-        raise NkError(f"{_name}() reduces a block, got {describe(x)}", span)
+    if _name in ("max", "min") and all(is_number(v) for v in (x, axis)):
+        return (max if _name == "max" else min)(x, axis)  # max(A, B) of two constant numbers folds
+    if not isinstance(x, ir.Value) or not x.type.shape or isinstance(x.type.dtype, Ptr):
+        raise NkError(f"{_name}() reduces a block of numbers, got {describe(x)}", span)
     axis = c.constexpr(axis, "the reduction axis", span)
     keep_dims = c.constexpr(keep_dims, "keep_dims", span)
+    if type(keep_dims) is not bool:
+        raise NkError(f"keep_dims must be True or False, got {describe(keep_dims)}", span)
     if axis is not None and type(axis) is not int:
         raise NkError(f"the reduction axis must be an integer, got {axis!r}", span)
     if axis is None:
@@ -910,7 +1015,7 @@ def _reduce(c: Checker, span, x, axis=None, keep_dims=False, *, _name=""):
     axis %= rank
     shape = x.type.shape[:axis] + ((1,) if keep_dims else ()) + x.type.shape[axis + 1:]
     dtype = i32 if _name in ("argmax", "argmin") else x.type.dtype
-    if dtype == bool_ and _name == "sum":
+    if x.type.dtype == bool_ and _name in ("sum", "argmax", "argmin"):  # counted, or compared, as 0 and 1
         x = c.cast(x, i32, span)
         dtype = i32
     return c.emit("reduce", [x], Type(shape, dtype), span, {"kind": _name, "axis": axis, "keep_dims": keep_dims})
@@ -941,7 +1046,7 @@ def _trans(c: Checker, span, x, *dims):
     rank = len(x.type.shape)
     perm = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else tuple(dims)
     perm = perm or tuple(reversed(range(rank)))
-    if sorted(perm) != list(range(rank)):
+    if any(type(p) is not int for p in perm) or sorted(perm) != list(range(rank)):
         raise NkError(f"trans() dims {list(perm)} are not a permutation of {list(range(rank))}", span)
     shape = tuple(x.type.shape[p] for p in perm)
     return c.emit("trans", [x], Type(shape, x.type.dtype), span, {"perm": perm})
@@ -950,8 +1055,8 @@ def _trans(c: Checker, span, x, *dims):
 @builtin("dot")
 def _dot(c: Checker, span, a, b, acc=None, input_precision="tf32"):
     for v in (a, b):
-        if not isinstance(v, ir.Value) or len(v.type.shape) != 2:
-            raise NkError(f"dot() takes two 2-D blocks, got {describe(v)}", span)
+        if not isinstance(v, ir.Value) or len(v.type.shape) != 2 or isinstance(v.type.dtype, Ptr):
+            raise NkError(f"dot() takes two 2-D blocks of numbers, got {describe(v)}", span)
     (m, k), (k2, n) = a.type.shape, b.type.shape
     if k != k2:
         raise NkError(f"dot() inner dimensions differ: {a.type} @ {b.type}", span)

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import argparse
 import ast as pyast
+import contextlib
 import dataclasses
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -41,15 +44,37 @@ def parser() -> argparse.ArgumentParser:
                         "with such arguments would (default: none; 'all' for every runtime parameter)")
     p.add_argument("--ones", default="", metavar="NAME,...",
                    help="int parameters to specialize as equal to 1, as a launch with unit strides would")
-    p.add_argument("--num-warps", type=int, default=4, metavar="N")
-    p.add_argument("--num-stages", type=int, default=1, metavar="N")
-    p.add_argument("--arch", default="sm_90a", help="GPU architecture for ptx/cubin/sass (default: sm_90a)")
+    p.add_argument("--num-warps", type=count("a power of two from 1 to 32", lambda n: n in (1, 2, 4, 8, 16, 32)),
+                   default=4, metavar="N", help="warps per program: 1, 2, 4, 8, 16 or 32 (default: 4)")
+    p.add_argument("--num-stages", type=count("at least 1", lambda n: n >= 1), default=1, metavar="N",
+                   help="slots of the cp.async ring feeding dot in runtime loops (default: 1)")
+    p.add_argument("--arch", default="sm_90a", type=arch,
+                   help="GPU architecture for ptx/cubin/sass: sm_XY[a], or compute_XY[a] for PTX only (default: sm_90a)")
     p.add_argument("--emit", choices=["ast", "ir", "cuda", "ptx", "cubin", "sass"], default="cuda",
                    help="what to produce (default: cuda)")
     p.add_argument("-o", "--output", metavar="PATH", help="write here instead of standard output")
     p.add_argument("--check", action="store_true",
                    help="only report diagnostics: parse, and check every kernel whose -D/--sig are complete")
     return p
+
+
+def count(what: str, ok):
+    """An argparse type: an integer that is `what`."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = None
+        if n is None or not ok(n):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return n
+    return parse
+
+
+def arch(text: str) -> str:
+    if not re.fullmatch(r"(sm|compute)_\d{2,3}[af]?", text):
+        raise argparse.ArgumentTypeError(f"expected sm_XY or compute_XY (e.g. sm_90a, sm_80), got {text!r}")
+    return text
 
 
 def parse_defines(p, items) -> dict:
@@ -113,19 +138,9 @@ def dump_ast(node, depth=0) -> str:
 
 
 def emit(args, module: A.Module, filename: str):
-    kernels = [d for d in module.defs if d.kind == "kernel"]
     if args.emit == "ast":
         return dump_ast(module) + "\n"
-    names = ", ".join(d.name for d in kernels) or "none"
-    if args.kernel is None and len(kernels) != 1:
-        raise NkError(f"{filename} has {len(kernels)} kernels; pick one with -k", None, f"kernels: {names}")
-    d = next((d for d in kernels if args.kernel in (None, d.name)), None)
-    if d is None:
-        raise NkError(f"no kernel named '{args.kernel}' in {filename}", None, f"kernels: {names}")
-    for name in [*args.sig, *args.defines]:
-        if all(p.name != name for p in d.params):
-            raise NkError(f"kernel '{d.name}' has no parameter '{name}'", d.span,
-                          f"parameters: {', '.join(p.name for p in d.params)}")
+    (d,) = selected(args, module, filename)
     sig, consts, no_sig, no_value = specialization(d, args.sig, args.defines)
     if no_sig:
         p = no_sig[0]
@@ -156,9 +171,37 @@ def stage_text(module: A.Module, name: str, spec: Spec, emit: str):
     return out.cubin if emit == "cubin" else nvrtc.disassemble(out.cubin)
 
 
-def check_all(args, module: A.Module) -> list[NkError]:
+def selected(args, module: A.Module, filename: str) -> list[A.FuncDef]:
+    """The kernels -k picks (all of them for --check without -k), after checking that every name given to
+    --sig, -D and --aligned is a parameter of one of them, of the right kind."""
+    kernels = [d for d in module.defs if d.kind == "kernel"]
+    names = ", ".join(d.name for d in kernels) or "none"
+    if args.kernel is None and len(kernels) != 1 and not args.check:
+        raise NkError(f"{filename} has {len(kernels)} kernels; pick one with -k", None, f"kernels: {names}")
+    chosen = [d for d in kernels if args.kernel in (None, d.name)]
+    if not chosen and args.kernel is not None:
+        raise NkError(f"no kernel named '{args.kernel}' in {filename}", None, f"kernels: {names}")
+    params = {p.name: p for d in chosen for p in d.params}
+    aligned = set(filter(None, args.aligned.split(","))) - {"all"}
+    ones = set(filter(None, args.ones.split(",")))
+    for flag, given in (("--sig", args.sig), ("-D", args.defines), ("--aligned", aligned), ("--ones", ones)):
+        for name in given:
+            p = params.get(name)
+            if p is None:
+                one = chosen[0] if len(chosen) == 1 else None
+                owner = f"kernel '{one.name}' has no" if one else "no kernel checked here has a"
+                raise NkError(f"{flag} {name}: {owner} parameter '{name}'", one.span if one else None,
+                              f"parameters: {', '.join(params) or 'none'}")
+            if check.is_constexpr_annot(p.annotation) != (flag == "-D"):
+                kind, right = ("constexpr", f"-D {name}=VALUE") if flag != "-D" else ("runtime", f"--sig {name}=TYPE")
+                raise NkError(f"{flag} {name}: '{name}' is a {kind} parameter", p.span, f"give it with {right}")
+    return chosen
+
+
+def check_all(args, module: A.Module, filename: str) -> list[NkError]:
     errors = []
-    for d in (d for d in module.defs if d.kind == "kernel" and args.kernel in (None, d.name)):
+    check.check_names(module)
+    for d in selected(args, module, filename):
         sig, consts, no_sig, no_value = specialization(d, args.sig, args.defines)
         if no_sig or no_value:
             need = [f"{flag} for {', '.join(p.name for p in ps)}"
@@ -176,29 +219,52 @@ def main(argv=None) -> int:
     """Run the command; returns the exit status (argparse's usage errors and --help included)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        if argv[:1] == ["lsp"]:  # `newtc lsp`: the language server (optional dependencies, imported on demand)
-            from . import lsp
-            return lsp.main(argv[1:])
-        return run(argv)
-    except SystemExit as e:  # argparse: 2 for bad usage, 0 for --help
-        return e.code if isinstance(e.code, int) else 1
+        try:
+            if argv[:1] == ["lsp"]:  # `newtc lsp`: the language server (optional dependencies, imported on demand)
+                from . import lsp
+                return lsp.main(argv[1:])
+            status = run(argv)
+        except SystemExit as e:  # argparse: 2 for bad usage, 0 for --help
+            status = e.code if isinstance(e.code, int) else 1
+        if sys.stdout is not None:
+            sys.stdout.flush()  # here, where a full disk or a closed pipe can still be reported
+        return status
+    except OSError as e:
+        print(f"newtc: cannot write the output: {e.strerror or e}", file=sys.stderr)
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # nothing left to flush at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def read_input(path: str) -> bytes:
+    if path != "-":
+        try:
+            return Path(path).read_bytes()
+        except OSError as e:
+            raise NkError(f"cannot read {path}: {e.strerror}") from None
+    if sys.stdin is None or sys.stdin.closed:
+        raise NkError("cannot read the standard input: it is closed")
+    try:
+        return sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+    except OSError as e:
+        raise NkError(f"cannot read the standard input: {e.strerror or e}") from None
 
 
 def run(argv) -> int:
     p = parser()
     args = p.parse_args(argv)
     args.sig, args.defines = parse_sig(p, args.sig), parse_defines(p, args.defines)
+    if args.emit in ("cubin", "sass") and args.arch.startswith("compute_") and not args.check:
+        p.error(f"--arch {args.arch} is virtual: NVRTC makes PTX only; --emit {args.emit} needs sm_XY")
+    if sys.stdout is None and not args.output and not args.check:
+        p.error("the standard output is closed: write to a file with -o PATH")
     if args.emit == "cubin" and not args.output and not args.check and sys.stdout.isatty():
         p.error("a cubin is binary: write it to a file with -o PATH (or redirect standard output)")
     try:
         filename = "<stdin>" if args.file == "-" else args.file
-        try:
-            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-        except OSError as e:
-            raise NkError(f"cannot read {args.file}: {e.strerror}") from None
-        module = syntax.parse(text, filename)
+        module = syntax.parse_cached(syntax.decode(read_input(args.file), filename), filename)
         if args.check:
-            errors = check_all(args, module)
+            errors = check_all(args, module, filename)
             print("\n".join(err.render() for err in errors), file=sys.stderr, end="\n" if errors else "")
             return 1 if errors else 0
         result = emit(args, module, filename)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from . import ast as A
 from . import check, codegen, ir, nvrtc, passes
-from .errors import SOURCES, NkError, flag
+from .errors import NkError, flag
 
 # `until`: the typed IR as the checker made it (what the interpreter runs), after the passes, the CUDA C++,
 # NVRTC's cubin and PTX
@@ -59,14 +59,18 @@ def compile(module: A.Module, name: str, spec: Spec, until: str = "cubin") -> Ou
     """Run the stages in order up to `until` (one of STAGES)."""
     if until not in STAGES:
         raise NkError(f"unknown stage '{until}'", hint=f"stages: {', '.join(STAGES)}")
-    SOURCES[module.file] = module.source  # diagnostics quote this module even if another reused its name
-    k = check.check(module, name, spec)  # check
-    if until == "checked":
-        return Output(k)
-    k = passes.run_passes(k)  # passes
-    if until == "ir":
-        return Output(k)
-    gen = codegen.generate(k, module.file)  # codegen
+    try:
+        k = check.check(module, name, spec)  # check
+        if until == "checked":
+            return Output(k)
+        k = passes.run_passes(k)  # passes
+        if until == "ir":
+            return Output(k)
+        gen = codegen.generate(k, module.file)  # codegen
+    except RecursionError:  # the parser bounds nesting; what recurses past that is a compiler limit, located
+        d = next(d for d in module.defs if d.name == name)
+        raise NkError(f"internal limit: kernel '{name}' is too deep for the compiler (Python's recursion limit)",
+                      d.span, "shorten chains of index arithmetic that feed one another") from None
     if flag("NEWT_DEBUG"):
         print(f"// ---- newt: {k.name} {spec}\n{gen.source}", file=sys.stderr)
     if until == "cuda":

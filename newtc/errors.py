@@ -3,15 +3,12 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
 
 def flag(name: str) -> bool:
     """An on/off environment variable: unset, empty, 0, false, no and off mean off."""
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
-
-
-# Source text of every file seen by the parser, so that any later stage can quote the line.
-SOURCES: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -21,9 +18,18 @@ class Span:
     col: int  # 1-based
     end_line: int = 0
     end_col: int = 0
+    # the whole text of the file, shared by its spans: any stage can quote a line with no registry of sources
+    source: str | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"
+
+    def quote(self) -> str | None:
+        """The span's first line of source, as lark counts lines (a newline ends one)."""
+        if self.source is None or self.line < 1:
+            return None
+        lines = self.source.split("\n", self.line)
+        return lines[self.line - 1].rstrip("\r") if self.line <= len(lines) else None
 
 
 @dataclass
@@ -35,10 +41,8 @@ class Diagnostic:
     source_line: str | None = None  # the quoted line, taken when the diagnostic is made
 
     def __post_init__(self):
-        text = SOURCES.get(self.span.file) if self.span else None
-        lines = text.splitlines() if text is not None else []
-        if self.source_line is None and self.span and 0 < self.span.line <= len(lines):
-            self.source_line = lines[self.span.line - 1]
+        if self.source_line is None and self.span is not None:
+            self.source_line = self.span.quote()
 
     def render(self, color: bool | None = None) -> str:
         if color is None:

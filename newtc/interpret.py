@@ -20,7 +20,7 @@ import torch
 
 from . import ir
 from . import types as T
-from .errors import NkError
+from .errors import NkError, flag
 
 # The torch dtype an IR dtype has in memory (unsigned wider than a byte: the same-width signed type).
 _TORCH = {T.bool_: torch.bool, T.i8: torch.int8, T.i16: torch.int16, T.i32: torch.int32, T.i64: torch.int64,
@@ -40,6 +40,7 @@ class _State:
     env: dict
     pid: tuple
     grid: tuple
+    verify: bool  # NEWT_VERIFY: every op's values must have its result's IR type
 
 
 def _held(dt: T.DType) -> torch.dtype:
@@ -147,7 +148,7 @@ def _load(st, op, p, mask=None, other=None):
     safe = torch.where(_live(mask), p.off, 0)  # masked-off lanes may point anywhere: never touch them
     v = p.base[safe] if p.base.numel() else torch.zeros(safe.shape, dtype=p.base.dtype)
     v = _fit(v, op.result.type.dtype)
-    return v if mask is None else torch.where(mask, v, 0 if other is None else other)
+    return v if mask is None else torch.where(mask, v, torch.zeros((), dtype=v.dtype) if other is None else other)
 
 
 def _store(st, op, p, val, mask=None):
@@ -285,8 +286,22 @@ def _exec(st: _State, region: ir.Region) -> list:
         if fn is None:
             raise NkError(f"the interpreter has no rule for op '{op.kind}'", op.span)
         out = fn(st, op, *(None if a is None else st.env[a] for a in op.args))
-        st.env.update(zip(op.results, out if isinstance(out, list) else [out]))
+        out = out if isinstance(out, list) else [out]
+        if st.verify:
+            _verify(op, out)
+        st.env.update(zip(op.results, out))
     return []
+
+
+def _verify(op: ir.Op, values: list) -> None:
+    """A value of the wrong dtype or shape is a silent wrong result later (a bool mask held as int64 selects
+    lanes by index): catch it at the op that made it."""
+    for r, v in zip(op.results, values):
+        t, ptr = r.type, isinstance(v, _Ptr)
+        held = v.off if ptr else v
+        if ptr != isinstance(t.dtype, T.Ptr) or tuple(held.shape) != t.shape or (not ptr and v.dtype != _held(t.dtype)):
+            got = f"{'pointer' if ptr else v.dtype} {list(held.shape)}"
+            raise NkError(f"internal interpreter error in {op.kind}: a value of {got} for {t}", op.span)
 
 
 def _arg(p: ir.Value, a, kernel: ir.Kernel):
@@ -307,5 +322,6 @@ def run(kernel: ir.Kernel, grid: tuple[int, int, int], args: list) -> None:
         raise NkError(f"kernel {kernel.name} takes {len(kernel.params)} arguments, got {len(args)}", kernel.span)
     grid = tuple(grid) + (1,) * (3 - len(grid))
     params = {p: _arg(p, a, kernel) for p, a in zip(kernel.params, args)}
+    verify = flag("NEWT_VERIFY")
     for z, y, x in itertools.product(range(grid[2]), range(grid[1]), range(grid[0])):
-        _exec(_State(dict(params), (x, y, z), grid), kernel.body)
+        _exec(_State(dict(params), (x, y, z), grid, verify), kernel.body)

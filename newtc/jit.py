@@ -16,27 +16,26 @@ import functools
 import gc
 import hashlib
 import json
+import operator
 import os
-import pickle
 import struct
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from . import ast as A
 from . import cache, check, compiler, driver, interpret, ir, launches, nvrtc, syntax
 from .compiler import Spec
-from .errors import SOURCES, NkError, flag
+from .errors import NkError, flag
 from .types import DTYPES, Ptr, bool_, f32, i32, i64, torch_dtype_name
 
 _SRC = Path(__file__).resolve().parent
 # The compiler's own version: a hash of its source, so a changed compiler never reuses old binaries.
 VERSION = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_SRC.rglob("*.py")))).hexdigest()[:16]
-_disk = None
 INTERPRET = flag("NEWT_INTERPRET")  # read once: the launch path stays free of lookups
 
 
@@ -51,13 +50,6 @@ def gc_paused():
     finally:
         if enabled:
             gc.enable()
-
-
-def disk_cache() -> cache.DiskCache:
-    global _disk
-    if _disk is None:
-        _disk = cache.DiskCache()
-    return _disk
 
 
 @dataclass
@@ -82,12 +74,20 @@ class Binary:
 
 
 # ---- argument classification --------------------------------------------------------------------
+class ArgError(ValueError):
+    """An argument a kernel cannot take; the kernel turns it into an NkError that names the parameter."""
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.hint = hint
+
+
 def arg_type(a, big: bool):
     """The parameter type a launch argument gives (design section 3)."""
     if isinstance(a, Tensor):
         name = torch_dtype_name(a.dtype)
         if not name:
-            raise NkError(f"tensors of {a.dtype} are not supported")
+            raise ArgError(f"tensors of {a.dtype} are not supported", f"tensor dtypes: {', '.join(DTYPES)}")
         return Ptr(DTYPES[name])
     if isinstance(a, bool):
         return bool_
@@ -95,7 +95,23 @@ def arg_type(a, big: bool):
         return i64 if big or not -2**31 <= a < 2**31 else i32
     if isinstance(a, float):
         return f32
-    raise NkError(f"cannot pass {type(a).__name__} to a kernel", hint="pass tensors, ints, floats or bools")
+    raise ArgError(f"cannot pass {type(a).__name__} to a kernel", "pass tensors, ints, floats or bools")
+
+
+def scalar_problem(t, a) -> str:
+    """Why the scalar `a` cannot travel as a `t` ('' when it can): a value never wraps or truncates."""
+    if t == bool_:
+        return "" if type(a) is bool else "is not a bool"
+    if t.is_int and isinstance(a, float):
+        return f"is not an integer; the parameter is {t}"
+    try:
+        struct.pack(SLOT[t.name], a)  # the launch packs it so: the same range checks
+        return ""
+    except (struct.error, OverflowError):
+        if t.is_int:
+            lo, hi = check.int_range(t)
+            return f"does not fit {t} ({lo} to {hi})"
+        return f"is outside the range of {t}"
 
 
 def aligned_params(params, args) -> frozenset:
@@ -132,6 +148,7 @@ class Launcher:
         self.local = threading.local()  # each thread packs its own buffer: concurrent launches never share one
         self.cu_launch = driver.fast_launch_function()
         self.func, self.cu_func = func, ctypes.c_void_p(func)
+        self.types = binary.param_types
 
     def buffers(self):
         buf = ctypes.create_string_buffer(CONFIG_BYTES + 8 * self.nargs)
@@ -153,13 +170,16 @@ class Launcher:
             if gx and gy and gz:  # an empty grid (empty tensors) launches nothing; the driver would call it invalid
                 try:
                     pack(buf, 0, gx, gy, gz, threads, 1, 1, smem, stream, *values)
-                except struct.error:  # numpy or torch integers in the grid (only plain ints pack), or bad sizes
-                    pack(buf, 0, *launch_grid((gx, gy, gz)), threads, 1, 1, smem, stream, *values)
+                except (struct.error, OverflowError):  # a grid size or a scalar the slots do not take
+                    raise TypeError("the general path names it") from None
                 rc = cu_launch(buf, cu_func, params, None)
                 if rc:
                     failed(rc, buf, params)
+            elif {type(gx), type(gy), type(gz)} != {int}:  # 0.0 or None is no empty grid: say so
+                raise TypeError("the general path names it")
 
         launch.launcher = self
+        launch.types = self.types
         return launch
 
     def failed(self, rc: int, buf, params) -> None:
@@ -174,17 +194,6 @@ class Launcher:
             raise driver.CudaError("cuLaunchKernelEx", rc)
 
 
-def launch_grid(grid) -> tuple:
-    """A grid as 1 to 3 non-negative ints, or a clear error."""
-    try:
-        dims = tuple(map(int, grid))
-    except (TypeError, ValueError):
-        dims = ()
-    if not 1 <= len(dims) <= 3 or min(dims) < 0 or max(dims) >= 2**31:
-        raise NkError(f"a launch grid is 1 to 3 non-negative ints below 2**31, got {grid!r}")
-    return dims
-
-
 # ---- the launch path, generated per argument kinds ---------------------------------------------
 def arg_kind(a) -> str:
     """What the launch path branches on per argument (after `plain`): tensor, int, float or bool."""
@@ -192,12 +201,29 @@ def arg_kind(a) -> str:
 
 
 def plain(a):
-    """An argument as the launch path takes it: ints and floats of subclasses (IntEnum, numpy.float64)
-    become Python's own; anything else but a tensor or bool is an error."""
-    if isinstance(a, Tensor) or type(a) in (int, float, bool):
+    """An argument as the launch path takes it: numbers of other types (IntEnum, numpy scalars) become Python's
+    own; a tensor must have a dtype newt has; anything else is an ArgError."""
+    if type(a) in (int, float, bool):
         return a
-    arg_type(a, False)  # raises for what cannot be passed
-    return bool(a) if isinstance(a, bool) else int(a) if isinstance(a, int) else float(a)
+    if isinstance(a, Tensor):
+        arg_type(a, False)
+        return a
+    if isinstance(a, (bool, np.bool_)):
+        return bool(a)
+    if isinstance(a, (int, np.integer)):
+        return int(a)
+    if isinstance(a, (float, np.floating)):
+        return float(a)
+    return arg_type(a, False)  # raises
+
+
+def constexpr_value(v):
+    """A constexpr as the checker takes it: numpy scalars become Python's, torch dtypes newt's."""
+    if isinstance(v, torch.dtype):
+        return DTYPES.get(torch_dtype_name(v), v)
+    if isinstance(v, np.generic):
+        return v.item()
+    return tuple(map(constexpr_value, v)) if isinstance(v, tuple) else v
 
 
 def launch_source(kinds: tuple) -> str:
@@ -226,13 +252,10 @@ def launch_source(kinds: tuple) -> str:
            "        return miss(grid, args, meta, None)"] if n else []),
         *[f"    p{a}, d{a} = {a}.data_ptr(), {a}.get_device()" for a in tensors],
         f"    key = ({', '.join([*key, '*meta.items()'])},)",
-        "    launcher = launchers.get(key)",
-        "    if launcher is None:",
-        "        return miss(grid, args, meta, key)",
         "    try:",
-        f"        return launcher(stream({stream}), ({', '.join(values)}{',' if len(values) == 1 else ''}), "
+        f"        return launchers[key](stream({stream}), ({', '.join(values)}{',' if len(values) == 1 else ''}), "
         "*(grid(meta) if callable(grid) else grid))",
-        "    except TypeError:  # not a grid of 1 to 3 sizes: the general path says so",
+        "    except (KeyError, TypeError):  # a new specialization, or a value the general path checks and names",
         "        return miss(grid, args, meta, key)",
     ]
     return "\n".join(lines) + "\n"
@@ -260,9 +283,9 @@ class Kernel:
 
     # ---- specialization ----------------------------------------------------------------------
     def split_meta(self, args, meta):
-        meta = dict(meta)
-        num_warps = meta.pop("num_warps", 4)
-        num_stages = meta.pop("num_stages", 1)
+        """(constexprs, num_warps, num_stages) of a launch, made plain; unknown names and a wrong count are errors."""
+        meta = {name: constexpr_value(v) for name, v in meta.items()}
+        num_warps, num_stages = meta.pop("num_warps", 4), meta.pop("num_stages", 1)
         unknown = set(meta) - self.constexpr_names
         if unknown:
             raise NkError(f"kernel '{self.name}' has no constexpr parameter '{sorted(unknown)[0]}'", self.defn.span,
@@ -271,10 +294,39 @@ class Kernel:
             names = ", ".join(p.name for p in self.runtime)
             raise NkError(f"kernel '{self.name}' takes {len(self.runtime)} runtime arguments ({names}), got {len(args)}",
                           self.defn.span)
-        return meta, num_warps, num_stages
+        return meta, num_warps, num_stages  # their values are the checker's to judge
+
+    def plain_args(self, args) -> tuple:
+        """The arguments as the launch path takes them (see plain), or an error naming the parameter."""
+        out = []
+        for p, a in zip(self.runtime, args):
+            try:
+                out.append(plain(a))
+            except ArgError as e:
+                raise NkError(f"kernel '{self.name}': argument '{p.name}': {e}", p.span, e.hint) from None
+        return tuple(out)
+
+    def check_scalars(self, types, args) -> None:
+        """Every scalar fits the type it travels as (the compiled kernel's parameter types)."""
+        for p, t, a in zip(self.runtime, types, args):
+            problem = "" if isinstance(t, Ptr) else scalar_problem(t, a)
+            if problem:
+                raise NkError(f"kernel '{self.name}': argument '{p.name}' = {a!r} {problem}", p.span)
+
+    def launch_grid(self, grid) -> tuple:
+        """The grid as 1 to 3 ints (numpy and torch integers too), or an error naming the kernel."""
+        try:
+            dims = tuple(map(operator.index, grid))
+        except TypeError:
+            dims = ()
+        if not 1 <= len(dims) <= 3 or min(dims) < 0 or dims[0] >= 2**31 or max(dims[1:], default=0) > 65535:
+            raise NkError(f"kernel '{self.name}': bad launch grid {grid!r}", self.defn.span,
+                          "a grid is a tuple of 1 to 3 ints: x below 2**31, y and z up to 65535")
+        return dims
 
     def specialize(self, args, meta, arch: str = "sm_90a") -> Spec:
         meta, num_warps, num_stages = self.split_meta(args, meta)
+        args = self.plain_args(args)
         idx64 = needs_idx64(args)
         sig = {p.name: arg_type(a, idx64) for p, a in zip(self.runtime, args)}
         ones = tuple(p.name for p, a in zip(self.runtime, args) if type(a) is int and a == 1)
@@ -302,7 +354,7 @@ class Kernel:
     def binary(self, args, meta, arch: str) -> Binary:
         spec = self.specialize(args, meta, arch)
         key = cache.key(VERSION, self.module.filename, self.module.text, self.name, repr(spec), repr(nvrtc.version()))
-        data = disk_cache().get(key)
+        data = cache.shared().get(key)
         if data is not None:
             try:
                 return Binary.unpack(data)
@@ -311,7 +363,7 @@ class Kernel:
         out = compiler.compile(self.module.ast, self.name, spec)
         b = Binary(out.cuda.name, out.binary.cubin, out.cuda.threads, out.cuda.smem_bytes,
                    [p.type.dtype for p in out.kernel.params])
-        disk_cache().put(key, b.pack())
+        cache.shared().put(key, b.pack())
         return b
 
     # ---- launching ---------------------------------------------------------------------------
@@ -331,16 +383,20 @@ class Kernel:
     def miss(self, grid, args, meta, key) -> None:
         """The general path: arguments of new kinds (a launch path is made for them), errors, the interpreter,
         and the first launch of a specialization (compile, load, cache under `key`)."""
+        self.split_meta(args, meta)  # a wrong count or meta: the error names the kernel
+        args = self.plain_args(args)
         if key is None:
-            self.split_meta(args, meta)  # a wrong count or meta: the error names the kernel
-            args = tuple(map(plain, args))
             return self.launch_for(tuple(map(arg_kind, args)))(grid, *args, **meta)
+        for p, a in zip(self.runtime, args):
+            if isinstance(a, Tensor) and a.device.type not in ("cpu", "cuda"):  # e.g. meta: fine for .ir()
+                raise NkError(f"kernel '{self.name}': argument '{p.name}' is a tensor on the '{a.device.type}' "
+                              "device, which has no memory to launch on", p.span, "use a cuda or cpu tensor")
         devices = {a.get_device() for a in args if isinstance(a, Tensor)}
         if len(devices) > 1:
             raise NkError(f"kernel '{self.name}': tensors on different devices in one launch", self.defn.span,
                           "move every tensor to the same device (a CPU launch runs in the interpreter)")
         device = devices.pop() if devices else -1
-        grid = launch_grid(grid(meta) if callable(grid) else grid)
+        grid = self.launch_grid(grid(meta) if callable(grid) else grid)
         if device < 0 or INTERPRET:
             return self.interpret(grid, args, meta)
         with self.lock, gc_paused():
@@ -353,11 +409,13 @@ class Kernel:
                     launcher = self.launchers[key] = Launcher(binary, device).function()
                 finally:
                     driver.set_context(previous)
+        self.check_scalars(launcher.types, args)
         values = [a.data_ptr() if isinstance(a, Tensor) else a for a in args]
         launcher(_stream(device), values, *grid)
 
     def interpret(self, grid, args, meta) -> None:
         k = compiler.compile(self.module.ast, self.name, self.specialize(args, meta), "checked").kernel
+        self.check_scalars([p.type.dtype for p in k.params], args)
         host = [a.cpu() if isinstance(a, Tensor) and a.device.type != "cpu" else a for a in args]
         interpret.run(k, grid, host)
         for a, h in zip(args, host):
@@ -376,30 +434,15 @@ def default_arch() -> str:
         return "sm_90a"
 
 
-def parsed(text: str, filename: str) -> A.Module:
-    """Parse, or take the AST from the disk cache: a warm process never builds the grammar's tables."""
-    key = cache.key(VERSION, "ast", filename, text)
-    with gc_paused():
-        data = disk_cache().get(key)
-        if data is not None:
-            try:
-                module = pickle.loads(data)
-                SOURCES[filename] = text
-                return module
-            except (pickle.UnpicklingError, AttributeError, EOFError, TypeError):
-                pass  # written by another compiler version: parse again
-        module = syntax.parse(text, filename)
-        disk_cache().put(key, pickle.dumps(module))
-    return module
-
-
 class Module:
     """A parsed `.nk` file; its kernels are attributes."""
 
-    def __init__(self, text: str, filename: str):
-        self.text = text
+    def __init__(self, text: str | bytes, filename: str):
+        self.text = syntax.decode(text, filename) if isinstance(text, bytes) else text
         self.filename = filename
-        self.ast = parsed(text, filename)
+        with gc_paused():
+            self.ast = syntax.parse_cached(self.text, filename)
+        check.check_names(self.ast)
         self.kernels = {d.name: Kernel(self, d) for d in self.ast.defs if d.kind == "kernel"}
 
     def __getattr__(self, name: str) -> Kernel:
@@ -417,15 +460,22 @@ _loaded: dict = {}
 
 def load(path) -> Module:
     """Parse a `.nk` file once per process; a file changed on disk (size or mtime) is parsed again."""
-    st = os.stat(path)
-    key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
-    mod = _loaded.get(key)
-    if mod is None:
-        mod = _loaded[key] = Module(Path(path).read_text(), str(path))
-    return mod
+    try:
+        st = os.stat(path)
+        key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
+        mod = _loaded.get(key)
+        if mod is None:
+            mod = _loaded[key] = Module(Path(path).read_bytes(), str(path))
+        return mod
+    except OSError as e:
+        raise NkError(f"cannot read {path}: {e.strerror}") from None
 
 
-def compile(text: str, filename: str = "<string>") -> Module:
+def compile(text: str | bytes, filename: str = "<string>") -> Module:
+    """A module from source text (bytes are read as UTF-8, like a file)."""
+    if not isinstance(text, (str, bytes)) or not isinstance(filename, str):
+        raise TypeError(f"newtc.compile(text, filename) takes str (or bytes) and str, got "
+                        f"{type(text).__name__} and {type(filename).__name__}")
     return Module(text, filename)
 
 

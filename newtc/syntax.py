@@ -2,64 +2,110 @@
 
 The grammar is grammar/nk.lark; lark's LALR parser builds a parse tree and `_ToAst` turns it into
 the AST dataclasses. Every syntax error becomes an NkError pointing at the offending token.
+Parsing is re-entrant: the one lark parser holds no per-parse state, so threads may parse at once.
 """
 from __future__ import annotations
 
 import ast as pyast
-
+import functools
 import hashlib
+import warnings
+from pathlib import Path
 
 import lark
 from lark.exceptions import UnexpectedCharacters, UnexpectedToken, VisitError
 from lark.indenter import DedentError, Indenter
 
-from . import ast
-from .errors import SOURCES, NkError, Span
-from .cache import default_dir
+from . import ast, cache
+from .errors import NkError, Span
 from .paths import data_dir
+
+MAX_DEPTH = 200  # levels of nesting in a definition (statements and expressions); deeper is an error
+MAX_INT = 2**64  # integer literals stay below: the widest dtype is 64 bits
+
+
+def decode(data: bytes, filename: str) -> str:
+    """A source file's bytes as text: UTF-8, or an error at the first byte that is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = len(data[data.rfind(b"\n", 0, e.start) + 1:e.start].decode("utf-8", "replace")) + 1
+        raise NkError(f"{filename} is not UTF-8 text: byte 0x{data[e.start]:02x} cannot start a character",
+                      Span(filename, line, col, line, col + 1, data.decode("utf-8", "replace")),
+                      "save the file as UTF-8") from None
 
 
 def parse(text: str, filename: str = "<string>") -> ast.Module:
     """Parse one .nk file; raises NkError on a syntax error."""
     text = text.removeprefix("\ufeff")  # a byte-order mark some editors write is not code
-    SOURCES[filename] = text
     parser = _parser()
-    parser.options.postlex.file = filename
     try:
         # A final newline closes the last statement and any open blocks, whatever the file ends with.
         tree = parser.parse(text + "\n")
-        return ast.Module(filename, text, _ToAst(filename).transform(tree))
+        _check_depth(tree, filename, text)
+        return ast.Module(filename, text, _ToAst(filename, text).transform(tree))
     except UnexpectedToken as e:
         raise _unexpected_token(e, text, filename, parser) from None
     except UnexpectedCharacters as e:
         char = text[e.pos_in_stream]
         message = "unterminated string" if char in "'\"" else f"unexpected character {char!r}"
-        raise NkError(message, Span(filename, e.line, e.column, e.line, e.column + 1)) from None
+        raise NkError(message, Span(filename, e.line, e.column, e.line, e.column + 1, text)) from None
+    except _BadIndent as e:
+        raise NkError(e.message, Span(filename, *e.where, text)) from None
     except VisitError as e:  # an NkError raised while building the AST
         raise e.orig_exc from None
 
 
-_PARSER: lark.Lark | None = None
+@functools.cache
+def _format() -> str:
+    """What the AST of a text depends on besides the text: the grammar, lark, and the code that builds it."""
+    here = Path(__file__).resolve().parent
+    files = [data_dir("grammar") / "nk.lark", here / "syntax.py", here / "ast.py", here / "errors.py"]
+    return hashlib.sha256(lark.__version__.encode() + b"".join(f.read_bytes() for f in files)).hexdigest()
 
 
-def _parser() -> lark.Lark:
-    global _PARSER
-    if _PARSER is None:
-        grammar = (data_dir("grammar") / "nk.lark").read_text()
-        # lark's table cache makes a fresh process's first parse ~10x cheaper; named by grammar and lark version
-        digest = hashlib.sha256(f"{lark.__version__}\n{grammar}".encode()).hexdigest()[:16]
-        cache_file = default_dir() / f"grammar-{digest}.lark"
+def parse_cached(text: str, filename: str) -> ast.Module:
+    """parse(), or the AST stored in the disk cache as JSON: a warm process never builds the grammar's tables.
+    An entry that does not decode to a well-formed AST is a miss."""
+    key = cache.key(_format(), "ast", filename, text)
+    disk = cache.shared()
+    data = disk.get(key)
+    if data is not None:
         try:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            cache = str(cache_file)
-        except OSError:
-            cache = False
-        _PARSER = lark.Lark(grammar, parser="lalr", postlex=_Indenter(), propagate_positions=True, cache=cache)
-    return _PARSER
+            return ast.from_json(data, filename, text)
+        except ValueError:
+            pass  # not an AST of this format: parse again, and overwrite it
+    module = parse(text, filename)
+    disk.put(key, ast.to_json(module))
+    return module
+
+
+@functools.cache
+def _parser() -> lark.Lark:
+    """The one lark parser, built on first use (its tables take ~0.2 s), then only read."""
+    grammar = (data_dir("grammar") / "nk.lark").read_text()
+    return lark.Lark(grammar, parser="lalr", postlex=_PostLex(), propagate_positions=True)
+
+
+class _BadIndent(Exception):
+    """Raised by the postlexer, which does not know the file: parse() makes it an NkError."""
+
+    def __init__(self, message: str, where: tuple):
+        self.message, self.where = message, where  # (line, col, end_line, end_col)
+
+
+class _PostLex(lark.lark.PostLex):
+    """What lark holds: it makes a fresh _Indenter for each parse, so that parses share no state."""
+
+    always_accept = ("_NEWLINE",)
+
+    def process(self, stream):
+        return _Indenter().process(stream)
 
 
 class _Indenter(Indenter):
-    """Python's indentation rules, reporting bad indentation as NkError."""
+    """Python's indentation rules, for one parse."""
 
     NL_type = "_NEWLINE"
     OPEN_PAREN_types = ["LPAR", "LSQB"]
@@ -67,34 +113,41 @@ class _Indenter(Indenter):
     INDENT_type = "_INDENT"
     DEDENT_type = "_DEDENT"
     tab_len = 8
-    file = "<string>"
+    style = ""  # the first indentation character seen: every indent must use only it
 
     def process(self, stream):
-        self.style = ""  # the first indentation character seen: every indent must use only it
-        self.brackets: list[lark.Token] = []  # open brackets, to point at an unclosed one on an error
-        return super().process(self._track(stream))
+        return super().process(self._first(stream))
 
-    def _track(self, stream):
+    def _first(self, stream):
         for i, tok in enumerate(stream):
             if i == 0 and tok.column > 1 and tok.type != self.NL_type:  # no newline precedes line 1's indent
-                raise NkError("unexpected indentation", Span(self.file, tok.line, tok.column, tok.line, tok.column + 1))
-            if tok.type in self.OPEN_PAREN_types:
-                self.brackets.append(tok)
-            elif tok.type in self.CLOSE_PAREN_types and self.brackets:
-                self.brackets.pop()
+                raise _BadIndent("unexpected indentation", (tok.line, tok.column, tok.line, tok.column + 1))
             yield tok
 
     def handle_NL(self, token):
         indent = token.rsplit("\n", 1)[1]
-        span = Span(self.file, token.end_line, 1, token.end_line, token.end_column)
+        where = (token.end_line, 1, token.end_line, token.end_column)
         if self.paren_level == 0 and indent:
             self.style = self.style or indent[0]
             if indent.strip(self.style):
-                raise NkError("inconsistent use of tabs and spaces in indentation", span)
+                raise _BadIndent("inconsistent use of tabs and spaces in indentation", where)
         try:
             yield from super().handle_NL(token)
         except DedentError:
-            raise NkError("unindent does not match any outer indentation level", span) from None
+            raise _BadIndent("unindent does not match any outer indentation level", where) from None
+
+
+def _check_depth(tree: lark.Tree, filename: str, text: str) -> None:
+    """Every later stage recurses over the nesting, so a limit here keeps them all within Python's stack."""
+    stack = [(tree, 1, tree.meta)]
+    while stack:
+        t, depth, m = stack.pop()
+        m = m if t.meta.empty else t.meta  # the nearest node that has a position
+        if depth > MAX_DEPTH:
+            raise NkError(f"nested too deeply: more than {MAX_DEPTH} levels of statements and expressions",
+                          Span(filename, m.line, m.column, m.end_line, m.end_column, text),
+                          "split the expression with intermediate names")
+        stack.extend((c, depth + 1, m) for c in t.children if isinstance(c, lark.Tree))
 
 
 # ---- syntax errors ---------------------------------------------------------------------------
@@ -139,11 +192,23 @@ def _unexpected_token(e: UnexpectedToken, text: str, filename: str, parser: lark
     else:
         line, col, end_line, end_col = tok.line, tok.column, tok.end_line, tok.end_column
 
-    brackets = parser.options.postlex.brackets
+    brackets = _open_brackets(e.interactive_parser.parser_state.value_stack)
     hint = ""
     if brackets and brackets[-1].line < line:
         hint = f"the '{brackets[-1]}' at {brackets[-1].line}:{brackets[-1].column} is still open here"
-    return NkError(message, Span(filename, line, col, end_line, end_col), hint)
+    return NkError(message, Span(filename, line, col, end_line, end_col, text), hint)
+
+
+def _open_brackets(stack: list) -> list:
+    """The brackets still open where the parser stopped. A closed pair always belongs to one rule, so
+    the parser's stack holds a bracket token until its rule is reduced: replay those tokens."""
+    open_ = []
+    for tok in stack:
+        if isinstance(tok, lark.Token) and tok.type in _Indenter.OPEN_PAREN_types:
+            open_.append(tok)
+        elif isinstance(tok, lark.Token) and tok.type in _Indenter.CLOSE_PAREN_types and open_:
+            open_.pop()
+    return open_
 
 
 def _terminal_text(name: str, parser: lark.Lark) -> str:
@@ -156,20 +221,20 @@ def _terminal_text(name: str, parser: lark.Lark) -> str:
 # ---- parse tree -> AST -----------------------------------------------------------------------
 def _until(meta, last: ast.Stmt) -> Span:
     """A block statement's span: from its keyword to the end of its last statement."""
-    return Span(last.span.file, meta.line, meta.column, last.span.end_line, last.span.end_col)
+    return Span(last.span.file, meta.line, meta.column, last.span.end_line, last.span.end_col, last.span.source)
 
 
 @lark.v_args(meta=True)
 class _ToAst(lark.Transformer):
-    def __init__(self, filename: str):
+    def __init__(self, filename: str, text: str):
         super().__init__()
-        self.file = filename
+        self.file, self.text = filename, text
 
     def _span(self, m) -> Span:
-        return Span(self.file, m.line, m.column, m.end_line, m.end_column)
+        return Span(self.file, m.line, m.column, m.end_line, m.end_column, self.text)
 
     def _tok_span(self, tok: lark.Token) -> Span:
-        return Span(self.file, tok.line, tok.column, tok.end_line, tok.end_column)
+        return Span(self.file, tok.line, tok.column, tok.end_line, tok.end_column, self.text)
 
     def _target(self, e: ast.Expr) -> ast.Expr:
         if not isinstance(e, (ast.Name, ast.Subscript)):
@@ -178,10 +243,19 @@ class _ToAst(lark.Transformer):
 
     # definitions
     def start(self, m, defs):
+        seen = {}
+        for d in defs:
+            if d.name in seen:
+                raise NkError(f"'{d.name}' is defined twice", d.span,
+                              f"the first definition is at line {seen[d.name].span.line}; rename one of them")
+            seen[d.name] = d
         return defs
 
     def funcdef(self, m, c):
         kind, name, *params, body = c
+        for i, p in enumerate(params):
+            if any(q.name == p.name for q in params[:i]):
+                raise NkError(f"duplicate parameter '{p.name}' in '{name}'", p.span)
         return ast.FuncDef(str(kind), str(name), params, body, _until(m, body[-1]))
 
     def param(self, m, c):
@@ -265,13 +339,23 @@ class _ToAst(lark.Transformer):
         return ast.Name(str(c[0]), self._span(m))
 
     def int(self, m, c):
-        return ast.Num(int(c[0], 0), self._span(m))
+        digits = c[0].replace("_", "")
+        value = int(digits, 0) if len(digits) <= 66 else MAX_INT  # 0b and 64 bits; longer is too big anyway
+        if value >= MAX_INT:
+            raise NkError("integer literal too large: the widest integer type has 64 bits", self._span(m),
+                          f"integers are below 2**64 = {MAX_INT}")
+        return ast.Num(value, self._span(m))
 
     def float(self, m, c):
         return ast.Num(float(c[0]), self._span(m))
 
     def string(self, m, c):
-        return ast.Str(pyast.literal_eval(c[0]), self._span(m))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Python's warning for an unknown escape such as '\\d'
+                return ast.Str(pyast.literal_eval(c[0]), self._span(m))
+        except (SyntaxError, ValueError) as e:  # a bad escape such as '\\x4' or '\\N{nothing}'
+            raise NkError(f"invalid string literal: {getattr(e, 'msg', e)}", self._span(m)) from None
 
     def true(self, m, c):
         return ast.Const(True, self._span(m))

@@ -94,3 +94,22 @@ def test_unwritable_dir_warns_once_and_continues(tmp_path):
         warnings.simplefilter("error")
         c.put(cache.key("b"), b"y")
         assert c.get(cache.key("a")) is None
+
+
+def test_an_entry_serves_only_its_own_key(tmp_path):
+    """A file copied (or renamed) from another key's entry is a miss: A never gets B's binary (issue 14, item 6)."""
+    c = DiskCache(tmp_path)
+    a, b = cache.key("kernel A"), cache.key("kernel B")
+    c.put(b, b"B's cubin")
+    (tmp_path / f"{a}.bin").write_bytes((tmp_path / f"{b}.bin").read_bytes())
+    assert c.get(a) is None
+    assert not (tmp_path / f"{a}.bin").exists()  # and it is gone
+    assert c.get(b) == b"B's cubin"
+
+
+def test_shared_cache_follows_the_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEWT_CACHE_DIR", str(tmp_path / "one"))
+    one = cache.shared()
+    assert cache.shared() is one and one.dir == tmp_path / "one"
+    monkeypatch.setenv("NEWT_CACHE_DIR", str(tmp_path / "two"))
+    assert cache.shared().dir == tmp_path / "two"

@@ -3,6 +3,9 @@
 Each test types a small kernel with `check(parse(text), name, sig, constexprs, num_warps)`, runs the IR
 verifier on the result, and inspects op kinds, result types and the printed IR.
 """
+import concurrent.futures
+import random
+import re
 import textwrap
 
 import pytest
@@ -74,7 +77,11 @@ def test_promotion_of_two_runtime_scalars(a, b, want):
     assert t.type == Type((), want)
     add = ops(k, "add")[0]
     assert [x.type.dtype for x in add.args] == [want, want]
-    assert len(ops(k, "cast")) == (a != want) + (b != want)
+    half = {name for name, t in (("a", a), ("b", b)) if t in (f16, bf16)}  # such a scalar arrives as f32
+    entry = [op for op in ops(k, "cast") if op.args[0] in k.params and op.args[0].name in half]
+    assert [op.args[0].type.dtype for op in entry] == [f32] * len(half)
+    promotions = [op for op in ops(k, "cast") if op not in entry]
+    assert len(promotions) == (a != want) + (b != want)
 
 
 def test_promotion_in_blocks():
@@ -683,3 +690,50 @@ def test_every_dtype_name_is_a_constant():
     for name, dt in DTYPES.items():
         k = typed(f"t = zeros([2], {name})\n")
         assert value(k, "t").type == Type((2,), dt)
+
+
+# ---- the front end is re-entrant: an autotuner compiles from many threads --------------------------
+THREAD_SOURCES = {
+    "ok.nk": "kernel k(x, n, B: constexpr):\n    o = arange(0, B)\n    store(x + o, load(x + o, mask=o < n) * 2.0,"
+             " mask=o < n)\n",
+    "loop.nk": "def twice(v):\n    return v + v\n\nkernel k(x, n, B: constexpr):\n    acc = zeros([B], f32)\n"
+               "    for i in range(0, n, B):\n        acc += twice(load(x + i + arange(0, B), mask=i + arange(0, B) < n))"
+               "\n    store(x + arange(0, B), acc)\n",
+    "open.nk": "kernel k(x, n, B: constexpr):\n    v = load(x + (arange(0, B),\n    store(x, 1.0)\n",
+    "indent.nk": "kernel k(x, n, B: constexpr):\n    o = arange(0, B)\n      store(x + o, 1.0)\n",
+    "tabs.nk": "kernel k(x, n, B: constexpr):\n\tif n > 0:\n\t        store(x, 1.0)\n",
+    "type.nk": "kernel k(x, n, B: constexpr):\n    store(x + arange(0, B), load(x + arange(0, 2 * B)))\n",
+    "helper.nk": "def f(v):\n    return v << 1.5\n\nkernel k(x, n, B: constexpr):\n    store(x, f(n))\n",
+}
+# the same file name for two texts: each diagnostic quotes its own text
+THREAD_SOURCES["same.nk"] = "kernel k(x, n, B: constexpr):\n    store(x, nope)\n"
+THREAD_JOBS = [*THREAD_SOURCES.items(), ("same.nk", "\n\nkernel k(x, n, B: constexpr):\n    y = 1\n    store(x, nah)\n")]
+
+
+def canonical_ir(text: str) -> str:
+    """IR text with value names renumbered by first appearance (ids come from a process-wide counter)."""
+    names: dict = {}
+    return re.sub(r"%\w+", lambda m: names.setdefault(m.group(), f"%{len(names)}"), text)
+
+
+def front_end(job) -> str:
+    from newtc import compiler
+
+    file, text = job
+    try:
+        out = compiler.compile(parse(text, file), "k", Spec.of({"x": Ptr(f32), "n": i32}, {"B": 128}), until="cuda")
+        return canonical_ir(ir.print_kernel(out.kernel)) + out.cuda.source
+    except NkError as e:
+        return e.render(color=False)
+
+
+def test_compiling_from_many_threads_matches_serial():
+    serial = [front_end(job) for job in THREAD_JOBS]
+    assert sum("error:" in r for r in serial) == len(THREAD_JOBS) - 2  # two compile, the others are diagnostics
+    assert "the '(' at 2:18 is still open here" in serial[2] and "same.nk:5:14" in serial[-1]
+    jobs = [i for _ in range(12) for i in range(len(THREAD_JOBS))]
+    random.Random(0).shuffle(jobs)
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(lambda i: (i, front_end(THREAD_JOBS[i])), jobs))
+    for i, result in got:
+        assert result == serial[i], THREAD_JOBS[i][0]

@@ -181,3 +181,103 @@ def test_aligned_specialization_gives_bare_vector_accesses(capsys):
     assert main(args + ["--aligned", "all"]) == 0
     proven = capsys.readouterr().out
     assert "& 15) == 0" in checked and "& 15) == 0" not in proven
+
+
+NO_TORCH = """
+import sys
+{body}
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "triton"))
+assert not heavy, heavy
+"""
+
+
+@pytest.mark.parametrize("body", [
+    "from newtc.cli import main; main(['--help'])",
+    f"from newtc.cli import main; assert main([{ADD!r}, *{ADD_SPEC!r}, '--emit', 'ptx']) == 0",
+    f"from newtc.cli import main; assert main(['--check', {ADD!r}]) == 0",
+    "import newtc, newtc.compiler, newtc.syntax; newtc.NkError",
+])
+def test_the_command_never_imports_torch(body, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NEWT_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", NO_TORCH.format(body=body)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+
+
+def test_python_dash_m_help_imports_no_torch(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "newtc", "--help"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0 and "usage: newtc" in done.stdout
+    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line]
+    assert "newtc.cli" in imported and not [m for m in imported if m.split(".")[0] == "torch"]
+
+
+def test_lazy_names_still_work(tmp_path):
+    code = ("import newtc, torch; m = newtc.compile('kernel k(x):\\n    store(x, 2.0)\\n'); x = torch.zeros(1); "
+            "m.k[(1,)](x); assert x.item() == 2.0; assert newtc.ops.add(x, x).item() == 4.0; "
+            "assert newtc.load is newtc.jit.load and isinstance(m, newtc.Module) and 'Kernel' in dir(newtc)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NEWT_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+
+
+# ---- newtc does what it is asked or says why (issue 14, item 10) ------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["--check", ADD, "-k", "nope"], "no kernel named 'nope'"),
+    (["--check", ADD, "--sig", "zz=i32"], "--sig zz: kernel 'add' has no parameter 'zz'"),
+    (["--check", ADD, "-D", "ZZ=1"], "-D ZZ: kernel 'add' has no parameter 'ZZ'"),
+    ([ADD, *ADD_SPEC, "--aligned", "zz"], "--aligned zz: kernel 'add' has no parameter 'zz'"),
+    ([ADD, *ADD_SPEC, "--sig", "BLOCK=i32"], "--sig BLOCK: 'BLOCK' is a constexpr parameter"),
+    ([ADD, "--sig", "x=*f32,y=*f32,out=*f32", "-D", "BLOCK=1024", "-D", "n=3"], "-D n: 'n' is a runtime parameter"),
+])
+def test_names_the_command_line_cannot_use(capsys, argv, message):
+    rc, out, err = run(capsys, *argv)
+    assert rc == 1 and message in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([ADD, *ADD_SPEC, "--num-stages", "0"], "--num-stages: expected at least 1, got '0'"),
+    ([ADD, *ADD_SPEC, "--num-stages", "-5"], "expected at least 1"),
+    ([ADD, *ADD_SPEC, "--num-warps", "3"], "--num-warps: expected a power of two from 1 to 32, got '3'"),
+    ([ADD, *ADD_SPEC, "--arch", "hopper"], "--arch: expected sm_XY or compute_XY"),
+    ([ADD, *ADD_SPEC, "--emit", "cubin", "--arch", "compute_90", "-o", "f.cubin"], "--arch compute_90 is virtual"),
+    ([ADD, *ADD_SPEC, "--emit", "sass", "--arch", "compute_90"], "--emit sass needs sm_XY"),
+])
+def test_bad_options_are_usage_errors(capsys, tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and message in err, err
+    assert not (tmp_path / "f.cubin").exists()
+
+
+def test_ptx_for_a_virtual_arch(capsys):
+    rc, out, err = run(capsys, ADD, *ADD_SPEC, "--emit", "ptx", "--arch", "compute_90")
+    assert rc == 0 and ".target sm_90" in out, err
+
+
+def test_check_of_several_kernels_takes_the_union_of_their_parameters(capsys, tmp_path):
+    path = tmp_path / "two.nk"
+    path.write_text("kernel a(x, n: i32):\n    store(x, 1.0)\n\nkernel b(y, B: constexpr):\n    store(y, 2.0)\n")
+    rc, out, err = run(capsys, "--check", str(path), "--sig", "x=*f32,y=*f32", "-D", "B=4")
+    assert (rc, err) == (0, "")
+    rc, out, err = run(capsys, "--check", str(path), "--sig", "z=*f32")
+    assert rc == 1 and "--sig z: no kernel checked here has a parameter 'z'" in err
+
+
+@pytest.mark.parametrize("redirect", ["full", "closed-out", "closed-in"])
+def test_closed_or_full_standard_streams_are_errors_not_tracebacks(tmp_path, redirect):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NEWT_CACHE_DIR": str(tmp_path)}
+    argv = [sys.executable, "-m", "newtc", "-" if redirect == "closed-in" else ADD, *ADD_SPEC]
+    if redirect == "full":
+        if not os.path.exists("/dev/full"):
+            pytest.skip("no /dev/full on this system")
+        with open("/dev/full", "w") as full:
+            done = subprocess.run(argv, stdout=full, stderr=subprocess.PIPE, text=True, env=env)
+        assert "cannot write the output: No space left on device" in done.stderr
+    else:
+        fd = 1 if redirect == "closed-out" else 0
+        done = subprocess.run(argv, stderr=subprocess.PIPE, text=True, env=env, pass_fds=(),
+                              preexec_fn=lambda: os.close(fd))
+        assert ("standard output is closed" if fd == 1 else "the standard input: it is closed") in done.stderr
+    assert done.returncode in (1, 2) and "Traceback" not in done.stderr and "Exception ignored" not in done.stderr

@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -26,7 +27,7 @@ INTERNALS = ("Traceback", '.py"', "lark", "newtc/", "File \"")
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
     """Parsed modules are cached on disk: keep this module's entries out of the user's cache."""
-    monkeypatch.setattr(jit, "_disk", cache.DiskCache(tmp_path / "cache"))
+    monkeypatch.setenv("NEWT_CACHE_DIR", str(tmp_path / "cache"))
 
 
 def src(text: str) -> str:
@@ -48,7 +49,7 @@ def assert_diagnostic(err: newtc.NkError, file: str, line: int, col: int | None,
         assert int(head.group(2)) == col, out
     col = int(head.group(2))
     assert re.search(message, head.group(3)), out
-    text = newtc.errors.SOURCES[file]
+    text = err.span.source  # the span carries its file's text
     assert lines[1] == "  " + text.splitlines()[line - 1], out
     assert re.fullmatch(r"  " + " " * (col - 1) + r"\^~*", lines[2]), out
     if hint is not None:
@@ -477,3 +478,246 @@ def test_integer_literal_that_does_not_fit_its_operand():
 def test_misspelled_keyword_suggests_the_parameter():
     err = typing_error("y = load(x, maks=n > 0)\n", "kw.nk")
     assert "did you mean 'mask'" in err.render(color=False)
+
+
+# ---- issue 14: mistakes that were silent or internal errors ------------------------------------------------
+def test_a_block_stored_through_a_scalar_pointer():  # the forgotten `sum`
+    err = typing_error("store(x, load(x + arange(0, 8)))\n", "scalarptr.nk")
+    assert_diagnostic(err, "scalarptr.nk", 2, 5, r"the value is a block \(f32\[8\]\) but the pointer is a scalar",
+                      r"sum\(v\)")
+
+
+@pytest.mark.parametrize("body, message", [
+    ("y = load(x, mask=arange(0, 4) < n)\n", r"the mask is a block \(bool\[4\]\) but the pointer is a scalar"),
+    ("y = load(x, mask=n > 0, other=zeros([4]))\n", r"other= is a block \(f32\[4\]\) but the pointer is a scalar"),
+    ("store(x, 1.0, mask=arange(0, 4) < n)\n", "the mask is a block"),
+])
+def test_a_scalar_pointer_takes_scalar_masks_and_others(body, message):
+    assert_diagnostic(typing_error(body, "scalarmask.nk"), "scalarmask.nk", 2, 5 if body[0] == "s" else 9, message)
+
+
+@pytest.mark.parametrize("text, line, col, message", [
+    ("def exp(v):\n    return v\n\nkernel k(x):\n    store(x, exp(1.0))\n", 1, 1,
+     "helper 'exp' has the name of a builtin"),
+    ("def f32(v):\n    return v\n\nkernel k(x):\n    pass\n", 1, 1, "helper 'f32' has the name of a builtin"),
+    ("kernel k(x):\n    store(x, 1.0)\n\nkernel k(x):\n    store(x, 2.0)\n", 4, 1,
+     "'k' is defined twice"),
+    ("def h(v):\n    return v\n\nkernel h(x):\n    pass\n", 4, 1, "'h' is defined twice"),
+    ("kernel k(x, x):\n    pass\n", 1, 13, "duplicate parameter 'x' in 'k'"),
+])
+def test_name_clashes_are_errors_at_the_second_definition(text, line, col, message):
+    err = compile_error(text, "clash.nk")
+    out = assert_diagnostic(err, "clash.nk", line, col, message)
+    if "twice" in message:
+        assert "the first definition is at line 1" in out
+
+
+def test_a_string_is_not_a_function():
+    err = typing_error("f = 'exp'\ny = f(1.0)\n", "strcall.nk")
+    assert_diagnostic(err, "strcall.nk", 3, 9, "the string 'exp' is not callable")
+
+
+def test_a_kernel_may_share_a_builtin_name_and_the_builtin_still_works():
+    mod = newtc.compile("kernel sum(x, n):\n    store(x, sum(load(x + arange(0, 4)), axis=0) + n)\n", "ksum.nk")
+    x = torch.randn(4)
+    want = x.sum() + 1
+    mod.sum[(1,)](x, 1)
+    assert torch.allclose(x[0], want)
+
+
+@pytest.mark.parametrize("body, col, message", [
+    ("y = 2 @ 3\n", 9, "bad operands for '@': int 2 and int 3 .'@' multiplies blocks"),
+    ("if x:\n    pass\n", 8, r"a pointer \(\*f32\) cannot be a condition or a mask"),
+    ("y = where(x, 1, 2)\n", 9, "a pointer .* cannot be a condition"),
+    ("y = load(x, mask=x)\n", 9, "a pointer .* cannot be a condition"),
+    ("y = -(arange(0, 4) < n)\n", 9, r"unary '-' needs a number, got bool\[4\]"),
+    ("y = abs(arange(0, 4) < n)\n", 9, r"abs\(\) needs a number, got bool\[4\]"),
+    ("y = (arange(0, 4) < n) - (arange(0, 4) < 2)\n", 9, "'-' of two bools"),
+    ("for i in static_range(0, 4, 0):\n    pass\n", 14, "static_range.. step must not be zero"),
+    ("for i in static_range('a'):\n    pass\n", 14, "static_range end must be an integer, got the string 'a'"),
+    ("y = max(f32, 1)\n", 9, r"max\(\) reduces a block of numbers, got the dtype f32"),
+    ("y = minimum(1, 'a')\n", 9, "expected a number or a block, got the string 'a'"),
+    ("y = trans(zeros([2, 4]), 0, 1.0)\n", 9, r"trans\(\) dims \[0, 1.0\] are not a permutation"),
+    ("y = arange(0, 4).shape[0.5]\n", 9, "is not an integer in range"),
+    ("y = arange(0, 4).shape[1:2:0]\n", 28, "a tuple slice takes integers"),
+    ("y = 1 << 200\n", 9, "does not fit in 64 bits"),
+    ("y = 4294967296 * 4294967296\n", 9, "does not fit in 64 bits"),
+    ("y = sum(zeros([4]), keep_dims=1.5)\n", 9, "keep_dims must be True or False, got float 1.5"),
+    ("y = max(x + arange(0, 4), axis=0)\n", 9, r"max\(\) reduces a block of numbers, got a block of type \*f32\[4\]"),
+    ("y = dot(x + zeros([2, 2], i32), x + zeros([2, 2], i32))\n", 9, "dot.. takes two 2-D blocks of numbers"),
+    ("y = x.to(i64, bitcast=True)\n", 9, r"bitcast between a pointer and a number: \*f32 to i64"),
+    ("y = arange(0, 262144)\n", 9, r"a block of 262144 elements .* over the limit"),
+    ("y = zeros([65536, 65536])\n", 9, r"a block of 4294967296 elements"),
+    ("for i in static_range(10000000):\n    y = 1\n", 9, "the kernel is too long: over 131072 statements"),
+])
+def test_internal_errors_that_are_now_diagnostics(body, col, message):
+    err = typing_error(body, "internal.nk")
+    assert_diagnostic(err, "internal.nk", 2 if "static_range(10" not in body else 3, col, message)
+
+
+def test_the_per_thread_block_limit_follows_num_warps():
+    text = "kernel k(x, B: constexpr):\n    store(x + arange(0, B), 1.0)\n"
+    mod = newtc.compile(text, "perthread.nk")
+    big = torch.empty(65536)
+    with pytest.raises(newtc.NkError, match=r"512 per thread \(32 threads here\)"):
+        mod.k.ir(big, B=65536, num_warps=1)
+    assert "store(" in mod.k.ir(big, B=65536, num_warps=32)
+
+
+def test_a_float_into_an_integer_type_saturates():
+    """`other=`, `full` and `store` convert a float constant like x.to(): toward zero, clamped, NaN to 0."""
+    mod = newtc.compile("""\
+        kernel k(a, b, c, n, B: constexpr):
+            o = arange(0, B)
+            store(a + o, load(a + o, mask=o < n, other=300.0))
+            store(b + o, load(b + o, mask=o < n, other=-inf))
+            store(c + o, full([B], nan, i32) + 7)
+    """.replace("        ", ""), "saturate.nk")
+    a, b, c = torch.arange(8, dtype=torch.uint8), torch.arange(8, dtype=torch.int32), torch.full((8,), -1, dtype=torch.int32)
+    mod.k[(1,)](a, b, c, 2, B=8)
+    assert a.tolist() == [0, 1] + [255] * 6
+    assert b.tolist() == [0, 1] + [-2**31] * 6
+    assert c.tolist() == [7] * 8
+
+
+def test_tuple_slices_and_bool_argmax():
+    mod = newtc.compile("""\
+        kernel k(x, out, B: constexpr):
+            v = load(x + arange(0, B))
+            s = zeros([B, 2]).shape[1:]
+            store(out, argmax(v > 0.5, axis=0) + s[0] * 100)
+    """.replace("        ", ""), "slices.nk")
+    x, out = torch.tensor([0.1, 0.2, 0.9, 0.7]), torch.full((1,), -1, dtype=torch.int32)
+    mod.k[(1,)](x, out, B=4)
+    assert out.item() == 2 + 200
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ("x" + " + x" * 499),
+    lambda: "-" * 500 + "x",
+    lambda: "abs(" * 200 + "x" + ")" * 200,
+    lambda: "[" * 300 + "x" + "]" * 300,
+], ids=["500-terms", "500-minus", "200-calls", "300-lists"])
+def test_deep_nesting_is_a_diagnostic(make):
+    err = compile_error(f"kernel k(x: *f32):\n    y = {make()}\n", "deep.nk")
+    assert_diagnostic(err, "deep.nk", 2, None, "nested too deeply: more than 200 levels", "intermediate names")
+
+
+def test_nesting_below_the_limit_compiles_and_caches(tmp_path):
+    """Parentheses only group: they add no level (1000 of them here)."""
+    text = "kernel k(x, n):\n    y = " + "abs(" * 150 + "(" * 1000 + "load(x) + n" + ")" * 1150 + "\n    store(x, y)\n"
+    for _ in range(2):  # the second module comes from the AST cache
+        mod = newtc.compile(text, "deepok.nk")
+        x = torch.tensor([-2.5])
+        mod.k[(1,)](x, 1)
+        assert x.item() == 1.5
+
+
+def test_names_are_ascii():  # they become C++ identifiers
+    err = compile_error("kernel k(x):\n    café = 1\n", "ascii.nk")
+    assert_diagnostic(err, "ascii.nk", 2, 8, "unexpected character 'é'")
+
+
+def test_huge_integer_literal():
+    err = compile_error("kernel k(x):\n    y = " + "9" * 5000 + "\n", "huge.nk")
+    assert_diagnostic(err, "huge.nk", 2, 9, "integer literal too large")
+    err = compile_error("kernel k(x):\n    y = 18446744073709551616\n", "huge.nk")
+    assert_diagnostic(err, "huge.nk", 2, 9, "integer literal too large")
+    newtc.compile("kernel k(x):\n    y = 0xffff_ffff_ffff_ffff\n", "huge.nk")  # u64's largest is fine
+
+
+def test_bad_escape_in_a_string():
+    err = compile_error("kernel k(x):\n    static_assert(False, '\\x4')\n", "escape.nk")
+    assert_diagnostic(err, "escape.nk", 2, 26, "invalid string literal")
+
+
+def test_a_source_that_is_not_utf8(tmp_path):
+    path = tmp_path / "latin1.nk"
+    path.write_bytes("kernel k(x):\n    # café\n    store(x, 1.0)\n".encode("latin-1"))
+    with pytest.raises(newtc.NkError) as e:
+        newtc.load(path)
+    out = assert_diagnostic(e.value, str(path), 2, 10, "is not UTF-8 text: byte 0xe9", "save the file as UTF-8")
+    assert "# caf\ufffd" in out
+    p = subprocess.run([sys.executable, "-m", "newtc", "--check", str(path)], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 1 and "latin1.nk:2:10: error: " in p.stderr and "Traceback" not in p.stderr
+
+
+def test_compile_takes_bytes():
+    mod = newtc.compile(b"kernel k(x):\n    store(x, 3.0)\n", "bytes.nk")
+    x = torch.zeros(1)
+    mod.k[(1,)](x)
+    assert x.item() == 3.0
+    with pytest.raises(TypeError, match="takes str"):
+        newtc.compile(None)
+
+
+# ---- launch errors name the parameter and the kernel's definition (issue 14, items 3 and 11) ----------------
+SCALAR = """\
+kernel k(x, n, m: i32, u: u8, f: bool, B: constexpr):
+    store(x + arange(0, B), (n + m + u.to(i64)).to(f32) + f.to(f32))
+"""
+
+
+@pytest.mark.parametrize("args, param, message", [
+    ((2**64 + 5, 1, 1, True), "n", "does not fit i64"),
+    ((-2**63 - 1, 1, 1, True), "n", "does not fit i64"),
+    ((1, 2**40 + 7, 1, True), "m", r"does not fit i32 \(-2147483648 to 2147483647\)"),
+    ((1, 1000.5, 1, True), "m", "is not an integer; the parameter is i32"),
+    ((1, 1, 300, True), "u", r"does not fit u8 \(0 to 255\)"),
+    ((1, 1, -1, True), "u", "does not fit u8"),
+    ((1, 1, 1, 2), "f", "is not a bool"),
+])
+def test_scalars_that_do_not_fit_their_parameter(args, param, message):
+    mod = newtc.compile(SCALAR, "scalar.nk")
+    x = torch.full((4,), float("nan"))
+    mod.k[(1,)](x, 1, 2, 3, True, B=4)  # fine values first: the bad ones go through a cached launch path
+    assert torch.equal(x, torch.full((4,), 7.0))
+    with pytest.raises(newtc.NkError) as e:
+        mod.k[(1,)](x, *args, B=4)
+    col = SCALAR.index(f" {param}") + 2
+    assert_diagnostic(e.value, "scalar.nk", 1, col, rf"kernel 'k': argument '{param}' = .* {message}")
+
+
+@pytest.mark.parametrize("arg, message", [
+    (None, "argument 'y': cannot pass NoneType to a kernel"),
+    (torch.zeros(4, dtype=torch.complex64), "argument 'y': tensors of torch.complex64 are not supported"),
+    (torch.zeros(4, device="meta"), "argument 'y' is a tensor on the 'meta' device"),
+    ([1.0], "argument 'y': cannot pass list"),
+])
+def test_bad_arguments_name_the_parameter(arg, message):
+    err = launch_error("kernel k(x, y, B: constexpr):\n    pass\n", "args.nk", x4(), arg, B=4)
+    assert_diagnostic(err, "args.nk", 1, 13, message)
+
+
+@pytest.mark.parametrize("meta, col, message", [
+    ({"B": [1024]}, 13, r"constexpr 'B' of kernel 'k' cannot be list \[1024\]"),
+    ({"B": 4, "num_warps": 4.0}, 1, "num_warps=4.0 must be a power of two"),
+    ({"B": 4, "num_warps": "4"}, 1, "num_warps='4' must be a power of two"),
+    ({"B": 4, "num_stages": 0}, 1, "num_stages=0 must be an integer of at least 1"),
+])
+def test_bad_meta_values_are_named(meta, col, message):
+    mod = newtc.compile("kernel k(x, B: constexpr):\n    store(x + arange(0, B), 1.0)\n", "meta.nk")
+    mod.k[(1,)](x4(), B=4)  # a cached launch path first
+    with pytest.raises(newtc.NkError) as e:
+        mod.k[(1,)](x4(), **meta)
+    assert_diagnostic(e.value, "meta.nk", 1, col, message)
+
+
+def test_numpy_and_torch_constexprs_are_plain():
+    mod = newtc.compile("kernel k(x, B: constexpr, T: constexpr):\n    store(x + arange(0, B), full([B], 2, T))\n",
+                        "npmeta.nk")
+    x = torch.zeros(8)
+    mod.k[(1,)](x, B=np.int64(8), T=torch.float16)
+    assert torch.equal(x, torch.full((8,), 2.0))
+    assert "[B=8, T=f16]" in mod.k.ir(x, B=np.int64(8), T=torch.float16)
+
+
+def test_a_float_constant_beyond_its_dtype_is_inf():
+    """A constant holds what its dtype holds: 1e39 as f32 is inf, on both targets (NVRTC refused 1e+39f)."""
+    mod = newtc.compile("kernel k(x):\n    store(x + arange(0, 2), full([2], 1e39, f32) * where(arange(0, 2) == 0, "
+                        "1.0, -1.0))\n", "bigfloat.nk")
+    x = torch.zeros(2)
+    mod.k[(1,)](x)
+    assert x.tolist() == [float("inf"), float("-inf")]
+    assert ".entry nk_k" in mod.k.ptx(x, arch="sm_90a")

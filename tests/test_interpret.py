@@ -11,6 +11,12 @@ from newtc import types as T
 from newtc.errors import NkError, Span
 
 
+@pytest.fixture(autouse=True)
+def verify_values(monkeypatch):
+    """Every op's values must have the dtype and shape its IR type gives (interpret._verify)."""
+    monkeypatch.setenv("NEWT_VERIFY", "1")
+
+
 class B:
     """A tiny IR builder: each call appends one op to the innermost open region."""
 
@@ -445,9 +451,7 @@ def test_program_ids_over_a_3d_grid(capsys):
 # ---- through the checker: .nk source -> typed IR -> interpreter --------------------------------
 def nk(src, name, sig, file="file.nk", **constexprs):
     from newtc import check, syntax
-    from newtc.errors import SOURCES
 
-    SOURCES[file] = src
     sig = {k: T.parse_type(v) for k, v in sig.items()}
     return check.check(syntax.parse(src, file), name, Spec.of(sig, constexprs))
 
@@ -567,3 +571,29 @@ def test_bad_arguments():
     wrong = "argument 'out' of kernel softmax must be a CPU tensor of f32, got torch.float64"
     with pytest.raises(NkError, match=wrong):
         interpret.run(k, (1, 1, 1), [torch.randn(16), torch.randn(16, dtype=torch.float64), 16, 16])
+
+
+def test_a_loaded_bool_mask_selects_lanes_by_value():
+    """A masked load of a bool tensor stays bool: `keep`, `~keep` and `not keep` pick lanes by their value,
+    and the lanes the load masked off read as False (issue 14, item 1)."""
+    import newtc
+
+    mod = newtc.compile("""\
+kernel k(a, out, inv, neg, n, B: constexpr):
+    o = arange(0, B)
+    keep = load(a + o, mask=o < n)
+    store(out + o, 1.0, mask=keep)
+    store(inv + o, 2.0, mask=~keep)
+    store(neg + o, 3.0, mask=not keep)
+""", "boolmask.nk")
+    a = torch.rand(16) < 0.5
+    a[:3] = torch.tensor([True, False, True])
+    n = 11
+    outs = [torch.full((16,), float("nan")) for _ in range(3)]
+    mod.k[(1,)](a, *outs, n, B=16)
+    live = torch.arange(16) < n
+    keep = a & live
+    nan = torch.tensor(float("nan"))
+    torch.testing.assert_close(outs[0], torch.where(keep, 1.0, nan), equal_nan=True)
+    torch.testing.assert_close(outs[1], torch.where(~keep, 2.0, nan), equal_nan=True)
+    torch.testing.assert_close(outs[2], torch.where(~keep, 3.0, nan), equal_nan=True)

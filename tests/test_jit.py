@@ -4,20 +4,24 @@ ASTs, across processes), CPU launches through the interpreter, launch errors, 64
 Nothing here needs a GPU: binaries come from NVRTC for a named arch, launches run on CPU tensors."""
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
+import pickle
+import struct
 import subprocess
 import sys
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import newtc
 from newtc import cache, compiler, ir, jit, nvrtc, ops, syntax
 from newtc.compiler import Spec
-from newtc.errors import SOURCES, NkError
+from newtc.errors import NkError
 from newtc.types import Ptr, f32, i32, i64
 
 STDLIB = Path(__file__).resolve().parents[1] / "stdlib"
@@ -48,7 +52,6 @@ def cdiv(a: int, b: int) -> int:
 def point_cache_at(monkeypatch, directory) -> None:
     """Every disk-cache user (binaries, ASTs) in this process now reads and writes `directory`."""
     monkeypatch.setenv("NEWT_CACHE_DIR", str(directory))
-    monkeypatch.setattr(jit, "_disk", None)
 
 
 @pytest.fixture(autouse=True)
@@ -201,7 +204,7 @@ def test_binary_is_written_then_read(fresh_cache, monkeypatch):
 
     refuse_compile(monkeypatch)
     assert _binary(mod) == b
-    monkeypatch.setattr(jit, "_disk", None)  # a new process would start with no DiskCache object
+    monkeypatch.setattr(cache, "_shared", {})  # a new process would start with no DiskCache object
     assert _binary(mod) == b
 
 
@@ -255,9 +258,7 @@ def _compile_in_process(cache_dir, barrier, results):
 
     os.environ["NEWT_CACHE_DIR"] = cache_dir
     import newtc as nt
-    from newtc import jit as j
 
-    j._disk = None
     mod = nt.load(ADD)
     x = torch.empty(1000)
     barrier.wait(60)  # both compile at the same moment
@@ -285,7 +286,7 @@ def test_two_processes_compiling_at_once(fresh_cache, monkeypatch):
 # ---- the AST cache --------------------------------------------------------------------------------
 def test_ast_cache_returns_an_equal_ast(fresh_cache, monkeypatch):
     text = (STDLIB / "softmax.nk").read_text()
-    first = jit.parsed(text, "cached.nk")
+    first = syntax.parse_cached(text, "cached.nk")
     assert first == syntax.parse(text, "cached.nk")
     assert entries(fresh_cache)
 
@@ -294,22 +295,74 @@ def test_ast_cache_returns_an_equal_ast(fresh_cache, monkeypatch):
 
     real_parse = syntax.parse
     monkeypatch.setattr(syntax, "parse", no_parse)
-    SOURCES.pop("cached.nk", None)
-    second = jit.parsed(text, "cached.nk")
+    second = syntax.parse_cached(text, "cached.nk")
     assert second == first and second is not first
-    assert SOURCES["cached.nk"] == text  # diagnostics can still quote the source
+    assert second.defs[0].body[0].span.source == text  # diagnostics can still quote the source
     assert {"softmax", "row_stats", "softmax_looped", "cross_entropy"} <= {d.name for d in second.defs}
     # another file name is another entry
     monkeypatch.setattr(syntax, "parse", real_parse)
-    assert jit.parsed(text, "other.nk").file == "other.nk"
+    assert syntax.parse_cached(text, "other.nk").file == "other.nk"
 
 
 def test_damaged_ast_entry_is_parsed_again(fresh_cache):
     text = ADD.read_text()
-    first = jit.parsed(text, "ast.nk")
+    first = syntax.parse_cached(text, "ast.nk")
     for path in fresh_cache.glob("*.bin"):
         path.write_bytes(path.read_bytes()[:-3])
-    assert jit.parsed(text, "ast.nk") == first
+    assert syntax.parse_cached(text, "ast.nk") == first
+
+
+class RunsOnLoad:
+    """A pickle of this writes a file if anything unpickles it."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('ran')",))
+
+
+def forged_entries(ast_json: bytes, marker) -> list:
+    good = json.loads(ast_json)
+    renamed = json.loads(ast_json)
+    renamed[0]["node"] = "Exec"
+    extra = json.loads(ast_json)
+    extra[0]["extra"] = 1
+    bad_span = json.loads(ast_json)
+    bad_span[0]["span"] = [1, 2, "3", 4]
+    bool_for_int = json.loads(ast_json)
+    bool_for_int[0]["span"][0] = True
+    wrong_child = json.loads(ast_json)
+    wrong_child[0]["body"] = [good[0]]  # a definition where statements belong
+    return [pickle.dumps(RunsOnLoad(marker)), b"\xff\xfe", b"[" * 100000 + b"]" * 100000, b'{"a": 1}',
+            *(json.dumps(v).encode() for v in (renamed, extra, bad_span, bool_for_int, wrong_child))]
+
+
+def test_ast_entries_are_validated_data(fresh_cache, tmp_path):
+    """A parsed module is cached as JSON; an entry that is not a well-formed AST (a pickle among them, which
+    never runs) is parsed again and overwritten (issue 14, item 7)."""
+    text = ADD.read_text()
+    first = syntax.parse_cached(text, "forged.nk")
+    key = cache.key(syntax._format(), "ast", "forged.nk", text)
+    ast_json = cache.DiskCache(fresh_cache).get(key)
+    assert json.loads(ast_json)[0]["node"] == "FuncDef"
+    marker = tmp_path / "ran"
+    for forged in forged_entries(ast_json, marker):
+        cache.DiskCache(fresh_cache).put(key, forged)  # a valid header: only the payload is wrong
+        assert syntax.parse_cached(text, "forged.nk") == first
+        assert cache.DiskCache(fresh_cache).get(key) == ast_json  # rewritten
+    assert not marker.exists()
+
+
+def test_inspection_compiles_and_leaves_the_binary_cache_alone(fresh_cache, monkeypatch):
+    """k.ptx / k.sass (and newtc --emit) always run the pipeline; only launches read and write binaries
+    (issue 14, item 8; docs/architecture.md says why)."""
+    k = newtc.load(ADD).add
+    before = entries(fresh_cache)
+    calls = counting_compile(monkeypatch)
+    for _ in range(2):
+        k.ptx(*add_args(), BLOCK=1024, arch="sm_80")
+    assert calls == ["sm_80", "sm_80"] and entries(fresh_cache) == before
 
 
 # ---- CPU launches (the interpreter) ---------------------------------------------------------------
@@ -422,11 +475,31 @@ def test_launch_source_compiles_and_keys_on_the_kinds(kinds):
     assert src.count("data_ptr()") == kinds.count("tensor")
 
 
-@pytest.mark.parametrize("grid", [(1, 1, 1, 1), (-1,), (), ("two",), 2**31])
+BAD_GRIDS = [(1, 1, 1, 1), (-1,), (), ("two",), 2**31, (2**31,), (1, 65536), (1000 / 1024,), (1.9,), (0.0,),
+             (np.float64(3.0),), "12", (None,), lambda meta: (2.5,), lambda meta: "3"]
+
+
+@pytest.mark.parametrize("grid", BAD_GRIDS)
 def test_bad_grids_are_named(grid):
+    """A grid takes ints: a float is never truncated, a string never split (issue 14, item 2)."""
     add = newtc.load(ADD).add
-    with pytest.raises(NkError, match="a launch grid is 1 to 3 non-negative ints"):
-        add[grid](*add_args(), BLOCK=256)
+    x, y, out, n = add_args()
+    out.fill_(float("nan"))
+    for _ in range(2):  # the first launch goes through the general path, the second through the generated one
+        with pytest.raises(NkError, match=LOC + r"kernel 'add': bad launch grid") as info:
+            add[grid](x, y, out, n, BLOCK=256)
+        assert "a grid is a tuple of 1 to 3 ints" in info.value.render()
+        add[(4,)](x, y, out, n, BLOCK=256)  # a good grid caches the launch path between the two rounds
+    assert torch.equal(out, x + y)
+
+
+def test_integer_grids_of_other_types():
+    add = newtc.load(ADD).add
+    x, y, out, n = add_args()
+    for grid in [(np.int64(4),), (torch.tensor(4),), [4], (4, np.int32(1)), lambda meta: (np.int64(4),)]:
+        out.fill_(float("nan"))
+        add[grid](x, y, out, n, BLOCK=256)
+        assert torch.equal(out, x + y), grid
 
 
 # ---- 64-bit indices -------------------------------------------------------------------------------
@@ -529,3 +602,85 @@ def test_launch_without_a_current_context_switches_for_that_launch_only():
         driver.set_context(previous)
     torch.cuda.synchronize()
     assert torch.equal(out, x + x)
+
+
+# ---- the generated launch path with the driver call replaced (no GPU needed) ------------------------------
+class FakeGpu:
+    """Loads nothing and records each cuLaunchKernelEx as (grid, packed slots); CPU tensors stand in for CUDA
+    ones, so a launcher is installed under the key the generated path computes for them."""
+
+    def __init__(self, monkeypatch):
+        self.launches = []
+        monkeypatch.setattr(jit.driver, "load_module", lambda cubin: 1)
+        monkeypatch.setattr(jit.driver, "get_function", lambda module, name: 1)
+        monkeypatch.setattr(jit.driver, "fast_launch_function", lambda: self.cu_launch)
+        monkeypatch.setattr(jit, "_stream", lambda device: 0)  # absent from CPU builds of torch
+
+    def cu_launch(self, buf, func, params, extra):
+        self.launches.append(bytes(buf))
+        return 0
+
+    def install(self, kernel, types):
+        """Launches of `kernel` with new keys get a Launcher for a kernel with these parameter types."""
+        binary, general = jit.Binary("nk_" + kernel.name, b"", 128, 0, types), kernel.miss
+
+        def miss(grid, args, meta, key):
+            if key is None or key in kernel.launchers:
+                return general(grid, args, meta, key)
+            kernel.launchers[key] = jit.Launcher(binary, 0).function()
+            return kernel.current(grid, *args, **meta)  # again through the generated path: now a hit
+
+        kernel.miss = miss
+        kernel.current = kernel.run
+
+
+def unpack(buf: bytes, slots: str) -> tuple:
+    return struct.unpack_from(jit.driver.LAUNCH_CONFIG + slots, buf)
+
+
+def test_the_generated_path_never_packs_a_value_that_does_not_fit(monkeypatch):
+    gpu = FakeGpu(monkeypatch)
+    k = newtc.compile(SCALAR_KERNEL, "fast.nk").k
+    gpu.install(k, [Ptr(f32), i32, jit.DTYPES["u8"]])
+    x = torch.zeros(4)
+    for u in (7, 255, 0):
+        k[(3, 2)](x, 5, u, B=4)
+    assert [unpack(b, "Qi4xB7x")[:3] + unpack(b, "Qi4xB7x")[-2:] for b in gpu.launches] == [
+        (3, 2, 1, 5, 7), (3, 2, 1, 5, 255), (3, 2, 1, 5, 0)]
+    for args, message in [((5, 300), "argument 'u' = 300 does not fit u8"),
+                          ((5, -1), "argument 'u' = -1 does not fit u8"),
+                          ((2**31, 1), "argument 'm' = 2147483648 does not fit i32"),
+                          ((5, 1.5), "argument 'u' = 1.5 is not an integer")]:
+        with pytest.raises(NkError, match=message):
+            k[(1,)](x, *args, B=4)
+    for grid in [(1.5,), (0.0,), ("2",), (2**32,), (1, -1)]:
+        with pytest.raises(NkError, match="bad launch grid"):
+            k[grid](x, 5, 7, B=4)
+    k[(0,)](x, 5, 7, B=4)  # an empty grid launches nothing
+    assert len(gpu.launches) == 3
+
+
+SCALAR_KERNEL = "kernel k(x, m: i32, u: u8, B: constexpr):\n    store(x + arange(0, B), (m + u.to(i32)).to(f32))\n"
+
+
+@pytest.mark.gpu
+def test_gpu_launches_check_scalars_and_grids():
+    """On the GPU, bad scalars and grids are named through the cached launch path too; good ones run."""
+    k = newtc.compile(SCALAR_KERNEL, "gpufast.nk").k
+    x = torch.full((4,), float("nan"), device="cuda")
+    for m, u in [(5, 7), (-3, 255), (2**31 - 1, 0)]:
+        k[(1,)](x, m, u, B=4)
+        torch.cuda.synchronize()
+        assert torch.equal(x, torch.full((4,), float(m + u), device="cuda").to(torch.float32))
+    for args in [(5, 300), (2**31, 1), (5, 1.5)]:
+        with pytest.raises(NkError, match="argument '[mu]' = "):
+            k[(1,)](x, *args, B=4)
+    for grid in [(1.5,), ("2",), (0.0,), (1, 65536)]:
+        with pytest.raises(NkError, match="bad launch grid"):
+            k[grid](x, 5, 7, B=4)
+
+
+@pytest.mark.parametrize("path", ["missing.nk", "."], ids=["missing", "a-folder"])
+def test_load_of_a_file_that_cannot_be_read(tmp_path, path):
+    with pytest.raises(NkError, match="cannot read"):
+        newtc.load(tmp_path / path)

@@ -2,7 +2,7 @@
 import pytest
 
 from newtc import ast
-from newtc.errors import SOURCES, NkError
+from newtc.errors import NkError
 from newtc.syntax import parse
 
 DESIGN_EXAMPLE = '''\
@@ -84,7 +84,7 @@ def test_design_example_parses():
     assert [(d.kind, d.name) for d in module.defs] == [
         ("kernel", "softmax"), ("def", "gelu"), ("tile", "matmul"), ("kernel", "k")]
     assert module.file == "example.nk" and module.source == DESIGN_EXAMPLE
-    assert SOURCES["example.nk"] == DESIGN_EXAMPLE
+    assert module.defs[0].span.source is DESIGN_EXAMPLE  # every span can quote its file
     assert where(module.defs[0]) == (2, 1, 9, 72)
     assert where(module.defs[3]) == (21, 1, 28, 18)
 
@@ -289,3 +289,17 @@ def test_unclosed_bracket_hint():
     with pytest.raises(NkError) as info:
         parse("kernel f(x:\n    pass", "bad.nk")
     assert "'(' at 1:9" in info.value.diagnostics[0].hint
+
+
+@pytest.mark.parametrize("text, hint", [
+    ("kernel k(x):\n    y = f(a, [1, 2], (3,\n    z = 1\n", "the '(' at 2:22 is still open here"),
+    ("kernel k(x):\n    y = f(a, [1,\n      2]\n    z = 3\n", "the '(' at 2:10 is still open here"),
+    ("kernel k(x):\n    y = [f(1)\n    z = 3\n", "the '[' at 2:9 is still open here"),
+    ("kernel k(x):\n    y = (1 + 2) +\n", None),  # nothing open: no hint
+])
+def test_the_innermost_open_bracket_is_named(text, hint):
+    """Read off the parser's stack: closed pairs (even across lines) drop out, the innermost open one is named."""
+    with pytest.raises(NkError) as info:
+        parse(text, "open.nk")
+    got = info.value.diagnostics[0].hint
+    assert got == hint if hint else not got
