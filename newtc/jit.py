@@ -130,6 +130,7 @@ SLOT = {"bool": "?7x", "i8": "b7x", "i16": "h6x", "i32": "i4x", "i64": "q", "u8"
         "u32": "I4x", "u64": "Q", "f32": "f4x", "f64": "d"}
 CONFIG_BYTES = struct.calcsize(driver.LAUNCH_CONFIG)  # the arguments' slots follow the launch config
 WRONG_CONTEXT = (201, 400)  # CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE
+INVALID_VALUE = 1
 
 
 class Launcher:
@@ -174,7 +175,7 @@ class Launcher:
                     raise TypeError("the general path names it") from None
                 rc = cu_launch(buf, cu_func, params, None)
                 if rc:
-                    failed(rc, buf, params)
+                    failed(rc, buf, params, gy, gz)
             elif {type(gx), type(gy), type(gz)} != {int}:  # 0.0 or None is no empty grid: say so
                 raise TypeError("the general path names it")
 
@@ -182,7 +183,9 @@ class Launcher:
         launch.types = self.types
         return launch
 
-    def failed(self, rc: int, buf, params) -> None:
+    def failed(self, rc: int, buf, params, gy: int, gz: int) -> None:
+        if rc == INVALID_VALUE and max(gy, gz) > 65535:  # a grid beyond the device's: the general path names it
+            raise TypeError("the general path names it")
         if rc in WRONG_CONTEXT:  # another device's context is current (or none): switch for this launch only
             previous = driver.current_context()
             driver.set_device(self.device)
