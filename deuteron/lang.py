@@ -46,8 +46,22 @@ class _Return(Exception):
         self.value = value
 
 
+def is_call(e, name: str) -> bool:
+    """`name(...)`."""
+    return isinstance(e, A.Call) and isinstance(e.func, A.Name) and e.func.id == name
+
+
 def is_tiles(s) -> bool:
-    return isinstance(s, A.For) and isinstance(s.iter, A.Call) and getattr(s.iter.func, "id", None) == "tiles"
+    return isinstance(s, A.For) and is_call(s.iter, "tiles")
+
+
+def header(s: A.For) -> tuple:
+    """A loop's kind (tiles, range or static_range) and its names: one per dimension of tiles(...), else one."""
+    kind = s.iter.func.id if isinstance(s.iter, A.Call) and isinstance(s.iter.func, A.Name) else None
+    names = [t.id for t in (s.target.items if isinstance(s.target, A.TupleExpr) else [s.target])]
+    if kind not in ("tiles", "range", "static_range") or len(names) != (len(s.iter.args) if kind == "tiles" else 1):
+        raise NkError("a loop goes over tiles(...) with a name per dimension, or over range(...)", s.iter.span)
+    return kind, names
 
 
 def is_tunable(p: A.Param) -> bool:
@@ -65,6 +79,11 @@ def literal(e):
 
 def tensor(x, device):
     return x if isinstance(x, torch.Tensor) else torch.tensor(x, device=device)
+
+
+def device_of(args, kwargs) -> torch.device:
+    """Where a call's tensors are (the CPU without any)."""
+    return next((a.device for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)), torch.device("cpu"))
 
 
 class Interp:
@@ -85,9 +104,11 @@ class Interp:
 
     def tunables(self, d: A.FuncDef) -> dict:
         """Each tunable parameter's choices; the oracle and the default config take the first."""
-        out = {p.name: self.expr(p.default, {}) if p.default else None for p in d.params if is_tunable(p)}
-        for p in (p for p in d.params if p.name in out and not (isinstance(out[p.name], list) and out[p.name])):
-            raise NkError(f"tunable '{p.name}' needs a list of choices: {p.name}: tunable = [1, 2]", p.span)
+        out = {}
+        for p in filter(is_tunable, d.params):
+            out[p.name] = self.expr(p.default, {}) if p.default else None
+            if not (isinstance(out[p.name], list) and out[p.name]):
+                raise NkError(f"tunable '{p.name}' needs a list of choices: {p.name}: tunable = [1, 2]", p.span)
         return out
 
     def bind(self, d: A.FuncDef, args, kwargs) -> dict:
@@ -143,23 +164,18 @@ class Interp:
         self.block(s.body if bool(self.expr(s.cond, env)) else s.orelse, env)
 
     def s_For(self, s, env):
-        kind = getattr(s.iter, "func", None) and getattr(s.iter.func, "id", None)
-        names = [t.id for t in (s.target.items if isinstance(s.target, A.TupleExpr) else [s.target])]
+        kind, names = header(s)
         if kind == "tiles" and self.depth == 0 and self.hook is not None:
             return self.hook(s, env)
-        if kind not in ("tiles", "range", "static_range") or kind == "tiles" and len(names) != len(s.iter.args):
-            raise NkError("a loop goes over tiles(...) with a name per dimension, or over range(...)", s.iter.span)
         args = [self.expr(a, env) for a in s.iter.args]
         ranges = [range(*map(int, args))] if kind != "tiles" else \
             [range(a.n) if isinstance(a, Grid) else [Tile(0, int(a), int(a), torch.arange(int(a), device=self.device).int())]
              for a in args]
-        self.depth += kind == "tiles"
-        try:
-            for values in itertools.product(*ranges):
-                env.update(zip(names, values))
-                self.block(s.body, env)
-        finally:
-            self.depth -= kind == "tiles"
+        self.depth += kind == "tiles"  # an error inside ends the call, which restores the depth
+        for values in itertools.product(*ranges):
+            env.update(zip(names, values))
+            self.block(s.body, env)
+        self.depth -= kind == "tiles"
 
     # ---- expressions ---------------------------------------------------------------------------
     def expr(self, e, env):
@@ -213,7 +229,7 @@ class Interp:
 
     def e_UnaryOp(self, e, env):
         v = self.expr(e.operand, env)
-        if isinstance(v, torch.Tensor) and (e.op == "not" or e.op == "~" and v.dtype == torch.bool):
+        if isinstance(v, torch.Tensor) and e.op == "not":
             return torch.logical_not(v)
         return {"-": operator.neg, "+": operator.pos, "~": operator.invert, "not": operator.not_}[e.op](v)
 
@@ -268,10 +284,8 @@ def _math(name):
 def _reduce(name):
     def run(it, x, axis=None, keep_dims=False):
         x = x.int() if name == "sum" and x.dtype == torch.bool else x
-        flat, method = x.flatten() if axis is None else x, {"max": "amax", "min": "amin"}.get(name, name)
-        r = getattr(flat, method)(0 if axis is None else axis)
-        r = r.int() if name.startswith("arg") else r
-        return (r.reshape([1] * x.dim()) if axis is None else r.unsqueeze(axis)) if keep_dims else r
+        r = getattr(torch, {"max": "amax", "min": "amin"}.get(name, name))(x, dim=axis, keepdim=keep_dims)
+        return r.int() if name.startswith("arg") else r
     return run
 
 

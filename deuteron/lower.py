@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+import torch
+
 from newtc import ast as A
 from newtc.errors import NkError, Span
 from newtc.types import DType
 
-from .lang import literal
+from .lang import DTYPE_OF, header, is_call, literal
 
 PREC = {"or": 1, "and": 2, "|": 5, "^": 6, "&": 7, "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "//": 10,
         "%": 10, "@": 10, **dict.fromkeys(["<", "<=", ">", ">=", "==", "!="], 4)}
@@ -76,8 +78,30 @@ def names_in(node) -> set:
     return out | {node.name} if isinstance(node, A.Param) else out
 
 
-def targets(s: A.For) -> list:
-    return [t.id for t in (s.target.items if isinstance(s.target, A.TupleExpr) else [s.target])]
+def size_facts(n) -> tuple:
+    """What a size proves: its whole block (the next power of two) and the power of two dividing it."""
+    n = int(n)
+    return 1 << max(0, (n - 1).bit_length()), n & -n
+
+
+def facts(v, constexpr: bool):
+    """The part of a host value that the generated text depends on."""
+    if isinstance(v, torch.Tensor):
+        if v.dtype not in DTYPE_OF:
+            raise NkError(f"tensors of {v.dtype} are not supported")
+        return "T", DTYPE_OF[v.dtype].name, tuple((*size_facts(s), st == 1) for s, st in zip(v.shape, v.stride()))
+    if constexpr or isinstance(v, bool) or not isinstance(v, (int, float)):
+        return ("K" if constexpr else "C"), v
+    return ("I", size_facts(v)) if isinstance(v, int) else ("F",)
+
+
+def is_whole(item) -> bool:
+    """`:` among indices."""
+    return isinstance(item, A.Slice) and item.lower is item.upper is item.step is None
+
+
+def is_none(item) -> bool:
+    return isinstance(item, A.Const) and item.value is None
 
 
 @dataclass
@@ -155,24 +179,29 @@ class Lower:
     def line(self, text: str) -> None:
         self.lines.append((self.depth, text, self.span))
 
+    def let(self, base: str, text: str) -> str:
+        """A fresh name assigned `text` on a line of its own."""
+        name = self.fresh(base)
+        self.line(f"{name} = {text}")
+        return name
+
     # ---- the grid ------------------------------------------------------------------------------
     def lower(self, loop: A.For) -> Lowered:
         self.span = loop.span
-        dims, grid, counts = [], [], []  # (variable, bound, Dim or None for grid(n)); (bound node, block)
-        for name, arg in zip(targets(loop), loop.iter.args):
-            scalar = isinstance(arg, A.Call) and isinstance(arg.func, A.Name) and arg.func.id == "grid"
-            bound = self.scalar(arg.args[0] if scalar else arg)
-            dims.append((name, bound.text, None if scalar else self.tile(name, arg, bound)))
-            grid.append((arg.args[0] if scalar else arg, None if scalar else dims[-1][2].size))
+        dims, grid = [], []  # (variable, bound, Dim or None for grid(n)); (bound node, block size or None)
+        for name, arg in zip(header(loop)[1], loop.iter.args):
+            node = arg.args[0] if is_call(arg, "grid") else arg
+            bound = self.scalar(node)
+            d = self.tile(name, arg, bound) if node is arg else None
+            dims.append((name, bound.text, d))
+            grid.append((node, d.size if d else None))
         self.info.group = len(dims) > 1 and None not in (dims[-1][2], dims[-2][2])
         group = self.config.get("group", 1) if self.info.group else 1
         persistent = bool(self.config.get("persistent"))
+        counts = []  # programs along each dimension, named where used more than once
         for v, bound, d in dims:
-            counts.append(bound if d is None else f"cdiv({bound}, {d.block})")
-            if d is not None and (len(dims) > 1 or persistent):
-                name = self.fresh(f"n_{v}")
-                self.line(f"{name} = {counts[-1]}")
-                counts[-1] = name
+            count = bound if d is None else f"cdiv({bound}, {d.block})"
+            counts.append(self.let(f"n_{v}", count) if d and (len(dims) > 1 or persistent) else count)
         pid = self.fresh("pid")
         if persistent:  # one program per SM walks the tiles
             self.line(f"for {pid} in range(program_id(0), {' * '.join(counts)}, num_programs(0)):")
@@ -180,40 +209,51 @@ class Lower:
         else:
             self.line(f"{pid} = program_id(0)")
         pids = [pid] if len(dims) == 1 and dims[0][2] else [v if d is None else self.fresh(f"pid_{v}") for v, _, d in dims]
-        flat, split = counts, pids
-        if group > 1:  # the last two dimensions as one, then grouped
+        if group > 1:  # the last two dimensions as one, walked in groups of rows
             inner = pid if len(dims) == 2 else self.fresh("inner")
-            flat, split = counts[:-2] + [f"({counts[-2]} * {counts[-1]})"], pids[:-2] + [inner]
-        for i, t in enumerate(split):  # row-major: the last dimension moves fastest
-            later = flat[i + 1:]
-            div = "" if not later else f" // {later[0]}" if len(later) == 1 else f" // ({' * '.join(later)})"
-            if t != pid:
-                self.line(f"{t} = {pid}{div}" + (f" % {flat[i]}" if i else ""))
-        if group > 1:  # GROUP rows of tiles go column by column: the tiles they read stay in L2
-            g, first, rows, rest = (self.fresh(n) for n in ("group", "first", "rows", "rest"))
-            gc = self.const("GROUP", group, "GROUP")
-            for text in (f"{g} = {gc} * {counts[-1]}", f"{first} = {inner} // {g} * {gc}",
-                         f"{rows} = minimum({counts[-2]} - {first}, {gc})", f"{rest} = {inner} % {g}",
-                         f"{pids[-2]} = {first} + {rest} % {rows}", f"{pids[-1]} = {rest} // {rows}"):
-                self.line(text)
+            self.unflatten(pid, pids[:-2] + [inner], counts[:-2] + [f"({counts[-2]} * {counts[-1]})"])
+            self.grouped(inner, pids[-2:], counts[-2:], self.const("GROUP", group, "GROUP"))
+        else:
+            self.unflatten(pid, pids, counts)
         for (v, bound, d), p in zip(dims, pids):
             if d is None:
                 self.env[v] = E(v)
-                continue
-            begin = E(f"{p} * {d.block}", (), PREC["*"])
-            self.line(f"{v} = {begin.text} + arange(0, {d.block})")
-            self.env[v] = TileVar(d, begin, bound)
+            else:
+                self.enter(v, d, E(f"{p} * {d.block}", (), PREC["*"]), bound)
         self.block(loop.body)
         return self.finish(grid, persistent)
 
+    def unflatten(self, pid: str, names: list, counts: list) -> None:
+        """The index along each dimension from the flat program id, row-major: the last dimension moves fastest."""
+        for i, name in enumerate(names):
+            later = counts[i + 1:]
+            div = f" // {later[0]}" if len(later) == 1 else f" // ({' * '.join(later)})" if later else ""
+            if name != pid:
+                self.line(f"{name} = {pid}{div}" + (f" % {counts[i]}" if i else ""))
+
+    def grouped(self, inner: str, pids: list, counts: list, size: str) -> None:
+        """GROUP rows of tiles walked column by column, so that the tiles they read stay in L2."""
+        group = self.let("group", f"{size} * {counts[1]}")
+        first = self.let("first", f"{inner} // {group} * {size}")
+        rows = self.let("rows", f"minimum({counts[0]} - {first}, {size})")
+        rest = self.let("rest", f"{inner} % {group}")
+        self.line(f"{pids[0]} = {first} + {rest} % {rows}")
+        self.line(f"{pids[1]} = {rest} // {rows}")
+
     def tile(self, name: str, node, bound: E) -> Dim:
+        """A tile loop's block; it is not masked where the call proves that the block divides the bound."""
         size, fact = self.config.get(f"block_{name}", 1), self.bounds.get(id(node))
         self.info.tiles[name] = fact
         even = fact is not None and fact[1] % size == 0
         return Dim(name, self.const(f"BLOCK_{name.upper()}", size, ("block", name)), None if even else bound.text, name, size)
 
-    def whole(self, bound: str, np2: int, pow2: int) -> Dim:
+    def enter(self, name: str, dim: Dim, begin: E, bound: str) -> None:
+        self.line(f"{name} = {begin.text} + arange(0, {dim.block})")
+        self.env[name] = TileVar(dim, begin, bound)
+
+    def whole(self, bound: str, facts: tuple) -> Dim:
         """A whole dimension of `bound` elements in a block of its next power of two; one index vector per size."""
+        np2, pow2 = facts[:2]
         if np2 not in self.rindex:
             index = self.fresh(f"r{len(self.rindex)}")
             self.rindex[np2] = index, self.const(index.upper(), np2, ("R", np2))
@@ -221,28 +261,22 @@ class Lower:
         return Dim(*self.rindex[np2], None if pow2 == np2 else bound, None, np2)
 
     def finish(self, grid, persistent) -> Lowered:
-        src, file = self.module.source.splitlines(), self.module.file
-        short = Path(file).name
+        file, short = self.module.file, Path(self.module.file).name
         order = sorted(self.params, key=lambda n: not (self.params[n][0] == "value" and self.facts[self.params[n][1]][0] == "T"))
-        header = ", ".join(order + [f"{n}: constexpr" for n in self.consts])
-        out = [f"# deuteron: tile {self.fn.name} ({short}:{self.fn.span.line}), config {json.dumps(self.config, default=str)}"]
-        linemap = {}
+        config = json.dumps(self.config, default=str)
+        out = [(f"# deuteron: tile {self.fn.name} ({short}:{self.fn.span.line}), config {config}", None)]  # (text, Span)
         defs = {d.name: d for d in self.module.defs if d.kind == "def"}
         used = self.called & set(defs)
         while more := {m for n in used for m in names_in(defs[n].body) if m in defs} - used:  # helpers' helpers
             used |= more
+        src = self.module.source.splitlines()
         for d in (d for d in defs.values() if d.name in used):  # as written
-            for k in range(d.span.line, d.span.end_line + 1):
-                out.append(src[k - 1])
-                linemap[len(out)] = Span(file, k, 1)
-            out.append("")
-        out.append(f"kernel {self.name}({header}):")
-        linemap[len(out)] = self.span
-        for depth, text, span in self.preamble + self.lines:
-            out.append(f"{'    ' * depth}{text}  # {short}:{span.line}")
-            linemap[len(out)] = span
-        return Lowered("\n".join(out) + "\n", self.name, [(n, self.params[n]) for n in order], self.consts, grid,
-                       persistent, f"{file}~{self.name}.nk", linemap, self.info)
+            out += [(src[k - 1], Span(file, k, 1)) for k in range(d.span.line, d.span.end_line + 1)] + [("", None)]
+        out.append((f"kernel {self.name}({', '.join(order + [f'{n}: constexpr' for n in self.consts])}):", self.span))
+        out += [(f"{'    ' * depth}{text}  # {short}:{span.line}", span) for depth, text, span in self.preamble + self.lines]
+        return Lowered("\n".join(text for text, _ in out) + "\n", self.name, [(n, self.params[n]) for n in order],
+                       self.consts, grid, persistent, f"{file}~{self.name}.nk",
+                       {i: span for i, (_, span) in enumerate(out, 1) if span}, self.info)
 
     # ---- statements ----------------------------------------------------------------------------
     def block(self, stmts):
@@ -250,10 +284,10 @@ class Lower:
             self.span = s.span
             getattr(self, "s_" + type(s).__name__)(s)
 
-    def nested(self, body, depth=1):
-        self.depth += depth
+    def nested(self, body):
+        self.depth += 1
         self.block(body)
-        self.depth -= depth
+        self.depth -= 1
 
     def s_Pass(self, s):
         self.line("pass")
@@ -291,22 +325,19 @@ class Lower:
             self.nested(s.orelse)
 
     def s_For(self, s):
-        kind, names = s.iter.func.id if isinstance(s.iter, A.Call) and isinstance(s.iter.func, A.Name) else None, targets(s)
-        if kind in ("range", "static_range") and len(names) == 1:
+        kind, names = header(s)
+        if kind != "tiles":
             self.line(f"for {names[0]} in {kind}({', '.join(self.scalar(a).text for a in s.iter.args)}):")
             self.env[names[0]] = E(names[0])
             return self.nested(s.body)
-        if kind != "tiles" or len(names) != len(s.iter.args):
-            raise NkError("a loop here goes over tiles(...) with a name per dimension, or range(...)", s.iter.span)
         self.info.loops = True
         for name, arg in zip(names, s.iter.args):  # one in-kernel loop per dimension
             bound = self.scalar(arg)
             dim, begin = self.tile(name, arg, bound), self.fresh(f"{name}_begin")
             self.line(f"for {begin} in range(0, {bound.text}, {dim.block}):")
             self.depth += 1
-            self.line(f"{name} = {begin} + arange(0, {dim.block})")
-            self.env[name] = TileVar(dim, E(begin), bound.text)
-        self.nested(s.body, 0)
+            self.enter(name, dim, E(begin), bound.text)
+        self.block(s.body)
         self.depth -= len(names)
 
     # ---- expressions ---------------------------------------------------------------------------
@@ -347,15 +378,26 @@ class Lower:
         return E(e.id)  # a parameter, or a builtin, helper or constant such as f32 or inf
 
     def host_tensor(self, e) -> str | None:
+        """The name of the host code's tensor that e is, or None."""
         ok = isinstance(e, A.Name) and e.id not in self.env and self.facts.get(e.id, ("",))[0] == "T"
         return e.id if ok else None
 
-    def size(self, e) -> str | None:
-        """`x.shape[d]` of a host tensor, as a kernel parameter."""
-        if isinstance(e, A.Subscript) and isinstance(e.value, A.Attribute) and e.value.attr == "shape" \
-                and self.host_tensor(e.value.value):
-            t, d = e.value.value.id, literal(e.index[0])
-            return self.param(f"{t}_size{d}", ("size", t, d))
+    def shape_item(self, e) -> tuple | None:
+        """(x, d) where e is `x.shape[d]` of a host tensor x."""
+        if isinstance(e, A.Subscript) and isinstance(e.value, A.Attribute) and e.value.attr == "shape":
+            t = self.host_tensor(e.value.value)
+            return (t, literal(e.index[0])) if t else None
+        return None
+
+    def size(self, t: str, d: int) -> str:
+        return self.param(f"{t}_size{d}", ("size", t, d))
+
+    def int_facts(self, e) -> tuple | None:
+        """What the call proves about a host int, `x.shape[d]` or a parameter: see size_facts."""
+        if (item := self.shape_item(e)) is not None:
+            return self.facts[item[0]][2][item[1]]
+        if isinstance(e, A.Name) and e.id not in self.env and self.facts.get(e.id, ("",))[0] == "I":
+            return self.facts[e.id][1]
         return None
 
     def e_Attribute(self, e):
@@ -370,19 +412,18 @@ class Lower:
         return E(f"{par(base, ATOM)}.{e.attr}", base.dims if e.attr == "to" else ())
 
     def e_Subscript(self, e):
-        if (size := self.size(e)) is not None:
-            return E(size)
+        if (item := self.shape_item(e)) is not None:
+            return E(self.size(*item))
         if self.host_tensor(e.value):
             ptr, m, dims = self.place(e)
             return E(f"load({ptr}{f', mask={m}, other=0' if m else ''})", dims)
         v, dims, items = self.expr(e.value), [], []
         axes = iter(v.dims)
         for item in e.index:  # a computed tile takes `:` and None
-            full = isinstance(item, A.Slice) and item.lower is item.upper is item.step is None
-            if not (full or isinstance(item, A.Const) and item.value is None):
+            if not (is_whole(item) or is_none(item)):
                 raise NkError("a computed tile takes only `:` and `None` as indices", item.span)
-            dims.append(next(axes, None) if full else None)
-            items.append(":" if full else "None")
+            dims.append(next(axes, None) if is_whole(item) else None)
+            items.append(":" if is_whole(item) else "None")
         return E(f"{par(v, ATOM)}[{', '.join(items)}]", tuple(dims))
 
     def place(self, e: A.Subscript):
@@ -390,33 +431,30 @@ class Lower:
         t = self.host_tensor(e.value)
         if t is None:
             raise NkError("tiles index the host code's tensors", e.value.span)
-        shape, out, terms = self.facts[t][2], [], []  # terms: (tensor dim, axis in out or a scalar E)
+        shape, dims, offsets = self.facts[t][2], [], []  # offsets: per dimension of x, an axis of dims or a scalar E
         for item in e.index:
-            if isinstance(item, A.Const) and item.value is None:
-                out.append(None)
+            v = self.env.get(item.id) if isinstance(item, A.Name) else None
+            if is_none(item):
+                dims.append(None)
                 continue
-            d, v = len(terms), self.env.get(item.id) if isinstance(item, A.Name) else None
-            if d == len(shape):
+            if len(offsets) == len(shape):
                 raise NkError(f"too many indices for a tensor of rank {len(shape)}", e.span)
-            if isinstance(item, A.Slice):
-                if not item.lower is item.upper is item.step is None:
-                    raise NkError("a tensor takes `:` (a whole dimension), not a range", item.span)
-                out.append(self.whole(self.param(f"{t}_size{d}", ("size", t, d)), *shape[d][:2]))
-            elif isinstance(v, TileVar):
-                out.append(v.dim)
+            if isinstance(item, A.Slice) and not is_whole(item):
+                raise NkError("a tensor takes `:` (a whole dimension), not a range", item.span)
+            if is_whole(item) or isinstance(v, TileVar):
+                dims.append(self.whole(self.size(t, len(offsets)), shape[len(offsets)]) if is_whole(item) else v.dim)
+                offsets.append(len(dims) - 1)
             else:
-                terms.append((d, self.scalar(item)))
-                continue
-            terms.append((d, len(out) - 1))
-        if len(terms) != len(shape):
-            raise NkError(f"{len(terms)} indices for a tensor of rank {len(shape)}", e.span)
-        parts = []
-        for d, x in terms:
-            idx = E(out[x].index + bc(x, len(out))) if isinstance(x, int) else x
+                offsets.append(self.scalar(item))
+        if len(offsets) != len(shape):
+            raise NkError(f"{len(offsets)} indices for a tensor of rank {len(shape)}", e.span)
+        parts = [t]
+        for d, x in enumerate(offsets):
+            idx = E(dims[x].index + bc(x, len(dims))) if isinstance(x, int) else x
             unit = shape[d][2]  # a unit stride is known, so the offsets are seen to be contiguous
             parts.append(par(idx, 10) if unit else f"{par(idx, 10)} * {self.param(f'{t}_stride{d}', ('stride', t, d))}")
         self.params[t] = ("value", t)
-        return " + ".join([t] + parts), mask(enumerate(out), len(out)), tuple(out)
+        return " + ".join(parts), mask(enumerate(dims), len(dims)), tuple(dims)
 
     def e_UnaryOp(self, e):
         v = self.expr(e.operand)
@@ -481,19 +519,18 @@ class Lower:
         return E(f"{f}({', '.join(args)})", tuple(None if a in axes else d for a, d in enumerate(x.dims) if keep or a not in axes))
 
     def alloc(self, f, e):
-        shape, dims = e.args[0], []
-        for item in shape.items if isinstance(shape, (A.ListExpr, A.TupleExpr)) else [shape]:
-            v = self.env.get(item.id) if isinstance(item, A.Name) else None
-            if isinstance(v, TileVar):
-                dims.append(v.dim)
-            elif isinstance(item, A.Num):
-                dims.append(Dim("", str(item.value), None, None, item.value))
-            elif (size := self.size(item)) is not None:  # x.shape[d]: a whole dimension
-                dims.append(self.whole(size, *self.facts[item.value.value.id][2][literal(item.index[0])][:2]))
-            elif isinstance(item, A.Name) and self.facts.get(item.id, ("",))[0] == "I":
-                self.params[item.id] = ("value", item.id)
-                dims.append(self.whole(item.id, *self.facts[item.id][1]))
-            else:
-                raise NkError("a tile shape lists tiles, tensor sizes (x.shape[i]) and host ints", item.span)
+        shape = e.args[0]
+        dims = tuple(map(self.shape_dim, shape.items if isinstance(shape, (A.ListExpr, A.TupleExpr)) else [shape]))
         rest = [self.expr(a).text for a in e.args[1:]] + [f"{k}={self.expr(v).text}" for k, v in e.kwargs]
-        return E(f"{f}([{', '.join(d.block for d in dims)}]{''.join(', ' + r for r in rest)})", tuple(dims))
+        return E(f"{f}([{', '.join(d.block for d in dims)}]{''.join(', ' + r for r in rest)})", dims)
+
+    def shape_dim(self, item) -> Dim:
+        """A dimension of the block zeros() or full() makes: a tile, a literal, or a whole host size."""
+        v = self.env.get(item.id) if isinstance(item, A.Name) else None
+        if isinstance(v, TileVar):
+            return v.dim
+        if isinstance(item, A.Num):
+            return Dim("", str(item.value), None, None, item.value)
+        if (facts := self.int_facts(item)) is not None:
+            return self.whole(self.scalar(item).text, facts)
+        raise NkError("a tile shape lists tiles, tensor sizes (x.shape[i]) and host ints", item.span)

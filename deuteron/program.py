@@ -24,23 +24,6 @@ from . import lang, lower, search, store
 _modules, _lock = {}, threading.Lock()  # generated text -> newt Module: equal text compiles and loads once
 
 
-def size_facts(n) -> tuple:
-    """What a size proves: its whole block (the next power of two) and the power of two dividing it."""
-    n = int(n)
-    return 1 << max(0, (n - 1).bit_length()), n & -n
-
-
-def facts(v, constexpr: bool):
-    """The part of a host value that the generated text depends on."""
-    if isinstance(v, torch.Tensor):
-        if v.dtype not in lang.DTYPE_OF:
-            raise NkError(f"tensors of {v.dtype} are not supported")
-        return "T", lang.DTYPE_OF[v.dtype].name, tuple((*size_facts(s), st == 1) for s, st in zip(v.shape, v.stride()))
-    if constexpr or isinstance(v, bool) or not isinstance(v, (int, float)):
-        return ("K" if constexpr else "C"), v
-    return ("I", size_facts(v)) if isinstance(v, int) else ("F",)
-
-
 def signature(args, kwargs) -> tuple:
     """What the host code and the lowering can see of a call's arguments (not tensor data, not float values)."""
     def one(a):
@@ -48,10 +31,6 @@ def signature(args, kwargs) -> tuple:
             return a.dtype, a.shape, a.stride(), a.device, a.data_ptr() % 16 == 0
         return type(a), None if isinstance(a, float) else a
     return (*map(one, args), *((k, one(v)) for k, v in kwargs.items()))
-
-
-def device_of(args, kwargs) -> torch.device:
-    return next((a.device for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)), torch.device("cpu"))
 
 
 @functools.cache
@@ -128,7 +107,7 @@ class TileFunction:
 
     def eager(self, *args, **kwargs):
         """The tile program run by torch, each tile a whole slice: the oracle."""
-        return lang.Interp(self.program.defs, device_of(args, kwargs)).call(self.defn, args, kwargs)
+        return lang.Interp(self.program.defs, lang.device_of(args, kwargs)).call(self.defn, args, kwargs)
 
     def source(self, *args, config: dict | None = None, **kwargs) -> str:
         """The generated `.nk` text of this call's kernels."""
@@ -136,7 +115,7 @@ class TileFunction:
 
     def plan(self, args, kwargs, config: dict, poison: bool = False):
         """Run the host code: (the result, the launches it makes), nothing launched yet."""
-        launches, interp = [], lang.Interp(self.program.defs, device_of(args, kwargs), None, config, poison)
+        launches, interp = [], lang.Interp(self.program.defs, lang.device_of(args, kwargs), None, config, poison)
         call = (tuple(sorted(config.items())), signature(args, kwargs))  # the same call lowers the same way
 
         def grid(loop, env):
@@ -151,12 +130,12 @@ class TileFunction:
         return interp.call(self.defn, args, kwargs), launches
 
     def lower(self, loop: A.For, env: dict, config: dict, interp: lang.Interp):
-        host = tuple((n, facts(env[n], n in self.constexprs)) for n in sorted(self.names[id(loop)]) if n in env)
+        host = tuple((n, lower.facts(env[n], n in self.constexprs)) for n in sorted(self.names[id(loop)]) if n in env)
         bounds = {}
         for s in tile_loops([loop], True):
             for arg in s.iter.args:
                 try:
-                    bounds[id(arg)] = size_facts(interp.expr(arg, env))
+                    bounds[id(arg)] = lower.size_facts(interp.expr(arg, env))
                 except (NkError, TypeError, ValueError, AttributeError):
                     pass  # a bound the kernel computes (tm.end): its mask stays
         key = (id(loop), tuple(sorted((k, str(v)) for k, v in config.items())), host, tuple(sorted(bounds.items())))
@@ -174,7 +153,7 @@ class TileFunction:
 
     def space(self, *args, **kwargs) -> search.Space:
         """The search space of this specialization, derived from what the lowering sees."""
-        tunables = lang.Interp(self.program.defs, device_of(args, kwargs)).tunables(self.defn)
+        tunables = lang.Interp(self.program.defs, lang.device_of(args, kwargs)).tunables(self.defn)
         return search.Space.derive([launch.low.info for launch in self.plan(args, kwargs, {})[1]], tunables)
 
     def pin(self, config: dict | None) -> None:
@@ -189,7 +168,7 @@ class TileFunction:
         sig = signature(args, kwargs)
         if sig not in self.chosen:
             space, key = self.space(*args, **kwargs), store.key(self, args, kwargs)
-            config = store.load(key, space) if device_of(args, kwargs).type == "cuda" else space.default()
+            config = store.load(key, space) if lang.device_of(args, kwargs).type == "cuda" else space.default()
             if config is None:
                 off = os.environ.get("DEUTERON_AUTOTUNE", "1").strip().lower() in ("0", "false", "no", "off")
                 config = space.default() if off else self.tune(*args, **kwargs)

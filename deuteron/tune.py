@@ -143,15 +143,12 @@ class Pool:
         """(ms, None) or (inf, why)."""
         if device not in self.procs:
             self.start(device)
+        conn = self.procs[device][1]
         try:
-            self.procs[device][1].send(job)
-            if not self.procs[device][1].poll(self.timeout):
-                raise TimeoutError(f"no answer in {self.timeout:.0f} s: a hang")
-            kind, value = self.procs[device][1].recv()
-        except (EOFError, OSError) as e:
+            conn.send(job)
+            kind, value = conn.recv() if conn.poll(self.timeout) else ("fatal", f"no answer in {self.timeout:.0f} s: a hang")
+        except (EOFError, OSError) as e:  # the pipe broke: the process is gone
             kind, value = "fatal", f"the worker died ({e or type(e).__name__})"
-        except TimeoutError as e:
-            kind, value = "fatal", str(e)
         if kind == "fatal":
             self.stop(*self.procs.pop(device))
         return (value, None) if kind == "ok" else (float("inf"), f"{kind}: {value}")
