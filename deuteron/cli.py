@@ -9,7 +9,6 @@ import sys
 
 import torch
 
-from newtc import ir, nvrtc
 from newtc.errors import NkError
 
 from .lang import TORCH
@@ -25,8 +24,6 @@ examples:
 --config takes the JSON the autotuner prints; the values it leaves out are the default config's.
 exit status: 0 ok, 1 an error in the input (shown as FILE:LINE:COL diagnostics), 2 bad usage.
 """
-SHOW = {"ir": lambda r: ir.print_kernel(r.kernel), "cuda": lambda r: r.cuda.source, "ptx": lambda r: r.binary.ptx,
-        "sass": lambda r: nvrtc.disassemble(r.binary.cubin)}
 
 
 def arguments(p, items) -> dict:
@@ -49,7 +46,7 @@ def main(argv=None) -> int:
     p.add_argument("-k", "--kernel", metavar="NAME", help="the tile program (default: the file's only one)")
     p.add_argument("--sig", action="append", default=[], metavar="NAME=TYPE,...", help="the call's arguments")
     p.add_argument("--config", default="{}", metavar="JSON", help="the config (default: the default config)")
-    p.add_argument("--emit", choices=["nk", *SHOW], default="nk", help="what to print (default: nk)")
+    p.add_argument("--emit", choices=["nk", "ir", "cuda", "ptx", "sass"], default="nk", help="what to print (default: nk)")
     p.add_argument("--arch", default="sm_90a", help="GPU architecture for ptx/sass (default: sm_90a)")
     try:
         args = p.parse_args(argv)
@@ -70,8 +67,7 @@ def main(argv=None) -> int:
         if args.emit == "nk":
             out = fn.source(config=config, **kwargs)
         else:
-            stage = args.emit if args.emit in ("ir", "cuda") else "cubin"
-            out = "\n".join(SHOW[args.emit](launch.compile(stage, args.arch)) for launch in fn.plan((), kwargs, config)[1])
+            out = "\n".join(launch.stage(args.emit, args.arch) for launch in fn.plan((), kwargs, config)[1])
         sys.stdout.write(out if out.endswith("\n") else out + "\n")
         return 0
     except NkError as e:
@@ -80,7 +76,3 @@ def main(argv=None) -> int:
     except OSError as e:
         print(f"deuteron: cannot read {args.file}: {e.strerror}", file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

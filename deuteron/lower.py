@@ -119,12 +119,13 @@ class Lowered:
     text: str
     name: str  # the kernel's
     params: list  # (name, source): ("value", host name) | ("size" | "stride", tensor, dim)
-    consts: dict  # constexpr name -> value
+    meta: dict  # the launch's keywords: the constexprs, num_warps and num_stages
     grid: list  # (bound expression, block size; None for grid(n))
     persistent: bool
     file: str  # the generated file's name
     linemap: dict  # generated line -> Span in the tile program
     info: Info
+    kernel: object = None  # the newt kernel, once compiled
 
     def args(self, env) -> list:
         return [env[s[1]] if s[0] == "value" else getattr(env[s[1]], s[0])(s[2]) for _, s in self.params]
@@ -135,6 +136,13 @@ class Lowered:
             size = int(interp.expr(bound, env))
             n *= -(-size // block) if block else size
         return min(n, programs) if self.persistent else n
+
+    def run(self, step, *args, **kwargs):
+        """step(*args, **kwargs), an error in the generated kernel reported at the tile program's line."""
+        try:
+            return step(*args, **kwargs)
+        except NkError as e:
+            raise self.remap(e) from None
 
     def remap(self, err: NkError) -> NkError:
         """An error in the generated kernel as an error at the tile program's line."""
@@ -274,8 +282,9 @@ class Lower:
             out += [(src[k - 1], Span(file, k, 1)) for k in range(d.span.line, d.span.end_line + 1)] + [("", None)]
         out.append((f"kernel {self.name}({', '.join(order + [f'{n}: constexpr' for n in self.consts])}):", self.span))
         out += [(f"{'    ' * depth}{text}  # {short}:{span.line}", span) for depth, text, span in self.preamble + self.lines]
+        meta = {**self.consts, "num_warps": self.config.get("num_warps", 4), "num_stages": self.config.get("num_stages", 1)}
         return Lowered("\n".join(text for text, _ in out) + "\n", self.name, [(n, self.params[n]) for n in order],
-                       self.consts, grid, persistent, f"{file}~{self.name}.nk",
+                       meta, grid, persistent, f"{file}~{self.name}.nk",
                        {i: span for i, (_, span) in enumerate(out, 1) if span}, self.info)
 
     # ---- statements ----------------------------------------------------------------------------

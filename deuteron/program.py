@@ -9,19 +9,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import threading
 from pathlib import Path
 
 import torch
 
 import newtc
 from newtc import ast as A
+from newtc.cli import stage_text
 from newtc.errors import NkError, flag
 from newtc.jit import parsed
 
 from . import lang, lower, search, store
-
-_modules, _lock = {}, threading.Lock()  # generated text -> newt Module: equal text compiles and loads once
 
 
 def signature(args, kwargs) -> tuple:
@@ -42,21 +40,20 @@ def programs(device: torch.device) -> int:
 class Launch:
     """One kernel launch of a call, its arguments bound; calling it launches."""
 
-    def __init__(self, low: lower.Lowered, kernel, grid: int, args: list, meta: dict):
-        self.low, self.kernel, self.grid, self.args, self.meta = low, kernel, grid, args, meta
+    def __init__(self, low: lower.Lowered, grid: int, args: list):
+        self.low, self.kernel, self.grid, self.args, self.meta = low, low.kernel, grid, args, low.meta
 
     def __call__(self):
-        try:
-            self.kernel[(self.grid,)](*self.args, **self.meta)
-        except NkError as e:
-            raise self.low.remap(e) from None
+        self.low.run(self.kernel[(self.grid,)], *self.args, **self.meta)
 
     def compile(self, until: str = "cubin", arch: str = "sm_90a"):
         """newt's pipeline output (newtc.compiler.Output) for this launch; no GPU needed."""
-        try:
-            return self.kernel.output(self.args, self.meta, until, arch)
-        except NkError as e:
-            raise self.low.remap(e) from None
+        return self.low.run(self.kernel.output, self.args, self.meta, until, arch)
+
+    def stage(self, emit: str, arch: str = "sm_90a") -> str:
+        """What `newtc --emit` prints for this launch: ir, cuda, ptx or sass."""
+        spec = self.kernel.specialize(self.args, self.meta, arch)
+        return self.low.run(stage_text, self.kernel.module.ast, self.kernel.name, spec, emit)
 
 
 class Program:
@@ -86,6 +83,7 @@ class TileFunction:
     def __init__(self, program: Program, d: A.FuncDef):
         self.program, self.defn, self.name, self.loops = program, d, d.name, tile_loops(d.body, False)
         self.constexprs = {p.name for p in d.params if lang.is_tunable(p) or lang.is_constexpr_annot(p.annotation)}
+        self.tunables = lang.Interp(program.defs, None).tunables(d)
         lines = program.ast.source.splitlines()
         text = "\n".join("\n".join(lines[x.span.line - 1:x.span.end_line]) for x in [d, *program.defs.values()])
         self.hash = hashlib.sha256(text.encode()).hexdigest()[:16]  # what a stored config is valid for
@@ -119,17 +117,17 @@ class TileFunction:
         call = (tuple(sorted(config.items())), signature(args, kwargs))  # the same call lowers the same way
 
         def grid(loop, env):
-            hit = self.fast.get((id(loop), call))
-            if hit is None:
-                low, kernel = self.lower(loop, env, config, interp)
-                meta = {**low.consts, "num_warps": config.get("num_warps", 4), "num_stages": config.get("num_stages", 1)}
-                hit = self.fast[(id(loop), call)] = low, kernel, low.grid_size(env, interp, programs(interp.device)), meta
-            launches.append(Launch(*hit[:3], hit[0].args(env), hit[3]))
+            if (id(loop), call) not in self.fast:
+                low = self.lower(loop, env, config, interp)
+                self.fast[(id(loop), call)] = low, low.grid_size(env, interp, programs(interp.device))
+            low, size = self.fast[(id(loop), call)]
+            launches.append(Launch(low, size, low.args(env)))
 
         interp.hook = grid
         return interp.call(self.defn, args, kwargs), launches
 
-    def lower(self, loop: A.For, env: dict, config: dict, interp: lang.Interp):
+    def lower(self, loop: A.For, env: dict, config: dict, interp: lang.Interp) -> lower.Lowered:
+        """The grid's kernel for what this call proves: lowered and compiled once per config and facts."""
         host = tuple((n, lower.facts(env[n], n in self.constexprs)) for n in sorted(self.names[id(loop)]) if n in env)
         bounds = {}
         for s in tile_loops([loop], True):
@@ -142,19 +140,13 @@ class TileFunction:
         if key not in self.lowered:
             name = self.name if len(self.loops) == 1 else f"{self.name}_{self.loops.index(loop)}"
             low = lower.Lower(self.defn, self.program.ast, dict(host), bounds, config, name, self.taken).lower(loop)
-            with _lock:
-                if low.text not in _modules:
-                    try:
-                        _modules[low.text] = newtc.compile(low.text, low.file)
-                    except NkError as e:
-                        raise low.remap(e) from None
-            self.lowered[key] = low, getattr(_modules[low.text], low.name)
+            low.kernel = getattr(low.run(newtc.compile, low.text, low.file), low.name)
+            self.lowered[key] = low
         return self.lowered[key]
 
     def space(self, *args, **kwargs) -> search.Space:
         """The search space of this specialization, derived from what the lowering sees."""
-        tunables = lang.Interp(self.program.defs, lang.device_of(args, kwargs)).tunables(self.defn)
-        return search.Space.derive([launch.low.info for launch in self.plan(args, kwargs, {})[1]], tunables)
+        return search.Space.derive([launch.low.info for launch in self.plan(args, kwargs, {})[1]], self.tunables)
 
     def pin(self, config: dict | None) -> None:
         """Use this config for every call (None: back to tuning)."""
@@ -167,12 +159,10 @@ class TileFunction:
             return self.pinned
         sig = signature(args, kwargs)
         if sig not in self.chosen:
-            space, key = self.space(*args, **kwargs), store.key(self, args, kwargs)
-            config = store.load(key, space) if lang.device_of(args, kwargs).type == "cuda" else space.default()
-            if config is None:
-                off = os.environ.get("DEUTERON_AUTOTUNE", "1").strip().lower() in ("0", "false", "no", "off")
-                config = space.default() if off else self.tune(*args, **kwargs)
-            self.chosen[sig] = config
+            space, cuda = self.space(*args, **kwargs), lang.device_of(args, kwargs).type == "cuda"
+            stored = store.load(store.key(self, args, kwargs), space) if cuda else None
+            tune = cuda and stored is None and ("DEUTERON_AUTOTUNE" not in os.environ or flag("DEUTERON_AUTOTUNE"))
+            self.chosen[sig] = self.tune(*args, **kwargs) if tune else stored or space.default()
         return self.chosen[sig]
 
     def tune(self, *args, effort: str = "quick", budget: float | None = None, **kwargs) -> dict:

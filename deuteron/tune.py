@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import queue
 import statistics
 import sys
 import threading
@@ -20,6 +19,7 @@ from newtc import driver
 from newtc.errors import NkError
 
 from . import search
+from .lang import device_of
 
 TIMEOUT, START, COMPILE = 30.0, 300.0, 60.0  # seconds for a candidate (then a hang), a worker's start, a compile
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 4e-2, torch.float32: 2e-3, torch.float64: 1e-6}
@@ -32,6 +32,17 @@ class Wrong(AssertionError):
 def outputs(result, args) -> list:
     """What a call produces: its returned tensors and its tensor arguments (which it may write)."""
     return [t for t in [*(result if isinstance(result, (tuple, list)) else [result]), *args] if isinstance(t, torch.Tensor)]
+
+
+def copies(args: list, kwargs: dict, device=None) -> tuple:
+    """A call's arguments, each tensor copied (to `device`): a run writes only into its own."""
+    def copy(a):
+        return a.detach().to(device, copy=True) if isinstance(a, torch.Tensor) else a
+    return [copy(a) for a in args], {k: copy(v) for k, v in kwargs.items()}
+
+
+def why(e: BaseException) -> str:
+    return e.render(color=False) if isinstance(e, NkError) else repr(e)
 
 
 def check(got: list, want: list) -> None:
@@ -66,21 +77,21 @@ class Session:
 
     def __init__(self, setup, device: int):
         from .program import Program
-        text, filename, name, args, self.kwargs = setup
+        text, filename, name, args, kwargs = setup
         torch.cuda.set_device(device)
         self.fn = Program(text, filename).fns[name]
-        self.args = [a.to(f"cuda:{device}") if isinstance(a, torch.Tensor) else a for a in args]
-        clones = [a.clone() if isinstance(a, torch.Tensor) else a for a in self.args]
-        self.want = outputs(self.fn.eager(*clones, **self.kwargs), clones)
+        self.args, self.kwargs = copies(args, kwargs, f"cuda:{device}")
+        args, kwargs = copies(self.args, self.kwargs)
+        self.want = outputs(self.fn.eager(*args, **kwargs), [*args, *kwargs.values()])
         self.flush = torch.empty(256 << 20, dtype=torch.int8, device=f"cuda:{device}")  # 4x the H200's L2
 
     def run(self, config: dict, retime: bool) -> float:
-        args = [a.clone() if isinstance(a, torch.Tensor) else a for a in self.args]
-        result, plan = self.fn.plan(args, self.kwargs, config, poison=True)
+        args, kwargs = copies(self.args, self.kwargs)
+        result, plan = self.fn.plan(args, kwargs, config, poison=True)
         for launch in plan:
             launch()
         torch.cuda.synchronize()
-        check(outputs(result, args), self.want)
+        check(outputs(result, [*args, *kwargs.values()]), self.want)
         return time_ms(lambda: [launch() for launch in plan], self.flush, 100 if retime else 20)
 
 
@@ -90,7 +101,7 @@ def worker(conn, device: int, setup) -> None:
         session = Session(setup, device)
         conn.send(("ready", None))
     except BaseException as e:
-        return conn.send(("error", e.render(color=False) if isinstance(e, NkError) else repr(e)))
+        return conn.send(("error", why(e)))
     while (job := conn.recv()) is not None:
         try:
             conn.send(("ok", session.run(*job)))
@@ -155,19 +166,15 @@ class Pool:
 
     def map(self, jobs: list) -> list:
         """Runs (ready, job) pairs, ready() waiting for the job's compile and saying why it failed, or None."""
-        free = queue.Queue()
-        for device in self.devices:
-            free.put(device)
+        free, mine = list(self.devices), threading.local()
 
         def one(item):
-            why = item[0]()
-            if why:
-                return float("inf"), why
-            device = free.get()
-            try:
-                return self.run_on(device, item[1])
-            finally:
-                free.put(device)
+            failed = item[0]()
+            if failed:
+                return float("inf"), failed
+            if not hasattr(mine, "device"):  # a thread per device: each takes one for good
+                mine.device = free.pop()
+            return self.run_on(mine.device, item[1])
 
         with futures.ThreadPoolExecutor(len(self.devices)) as threads:  # an NkError (no worker starts) ends it
             return list(threads.map(one, jobs))
@@ -187,12 +194,11 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
     Returns (config, {"ms", "tried", "rejected", "seconds"})."""
     begin = time.monotonic()
     if pool is None:
-        device = next(a.device for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor))
-        name, first = torch.cuda.get_device_name(device), device.index or 0
-        devices = [first] + [i for i in range(torch.cuda.device_count())
-                             if i != first and torch.cuda.get_device_name(i) == name]  # alike GPUs time alike
-        host = [a.detach().cpu() if isinstance(a, torch.Tensor) else a for a in args]
-        pool, arch = Pool((fn.program.ast.source, fn.program.filename, fn.name, host, kwargs), devices), driver.arch(first)
+        first = device_of(args, kwargs).index or 0
+        name = torch.cuda.get_device_name(first)
+        devices = [first] + [i for i in range(torch.cuda.device_count()) if i != first and torch.cuda.get_device_name(i) == name]
+        setup = (fn.program.ast.source, fn.program.filename, fn.name, *copies(args, kwargs, "cpu"))
+        pool, arch = Pool(setup, devices), driver.arch(first)  # alike GPUs time alike
     slots, done, rejected, best = threading.Semaphore(os.cpu_count() or 2), threading.Event(), {}, [float("inf")]
     deadline = begin + (search.EFFORT[effort][2] if budget is None else budget)
     try:
@@ -206,16 +212,16 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
         try:
             plan = fn.plan(args, kwargs, config)[1]
         except NkError as e:
-            return lambda: f"error: {e.render(color=False)}"
+            return lambda: f"error: {why(e)}"
         future = futures.Future()
 
         def build():  # in a daemon thread: a compile still running when the session ends does not hold up the exit
             with slots:
-                if not done.is_set() and future.set_running_or_notify_cancel():
-                    try:
-                        future.set_result([launch.kernel.binary(launch.args, launch.meta, arch) for launch in plan])
-                    except BaseException as e:
-                        future.set_exception(e)
+                try:
+                    future.set_result(None if done.is_set() else [launch.kernel.binary(launch.args, launch.meta, arch)
+                                                                  for launch in plan])
+                except BaseException as e:
+                    future.set_exception(e)
         threading.Thread(target=build, daemon=True).start()
 
         def ready():
@@ -224,12 +230,12 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
             except futures.TimeoutError:
                 return "error: the compile took too long"
             except Exception as e:  # noqa: BLE001 - any failure to compile rejects this candidate only
-                return f"error: {e.render(color=False) if isinstance(e, NkError) else repr(e)}"
+                return f"error: {why(e)}"
         return ready
 
     def measure(configs, retime=False):
         results = pool.map([(prepare(c), (c, retime)) for c in configs])
-        rejected.update((search.key(c), why) for c, (_, why) in zip(configs, results) if why)
+        rejected.update((search.key(c), reason) for c, (_, reason) in zip(configs, results) if reason)
         best[0] = min([best[0], *(ms for ms, _ in results)])
         if bar is not None:
             bar.update(len(configs))
