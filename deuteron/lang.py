@@ -36,11 +36,6 @@ class Tile(NamedTuple):
     index: torch.Tensor
 
 
-class Grid(NamedTuple):
-    """`grid(n)` in a tile loop's header: a scalar index per program instead of a tile."""
-    n: int
-
-
 class _Return(Exception):
     def __init__(self, value):
         self.value = value
@@ -169,8 +164,8 @@ class Interp:
             return self.hook(s, env)
         args = [self.expr(a, env) for a in s.iter.args]
         ranges = [range(*map(int, args))] if kind != "tiles" else \
-            [range(a.n) if isinstance(a, Grid) else [Tile(0, int(a), int(a), torch.arange(int(a), device=self.device).int())]
-             for a in args]
+            [a if isinstance(a, range) else [Tile(0, int(a), int(a), torch.arange(int(a), device=self.device).int())]
+             for a in args]  # grid(n) is a range: a scalar index per program instead of a tile
         self.depth += kind == "tiles"  # an error inside ends the call, which restores the depth
         for values in itertools.product(*ranges):
             env.update(zip(names, values))
@@ -322,5 +317,5 @@ BUILTINS = {
     "cdiv": lambda it, a, b: it.binop("//", it.binop("+", a, b - 1), b),
     "fma": lambda it, a, b, c: a * b + c,
     "trans": lambda it, x, *dims: x.permute(*(dims or reversed(range(x.dim())))),
-    "grid": lambda it, n: Grid(int(n)),
+    "grid": lambda it, n: range(int(n)),
 }

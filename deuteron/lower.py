@@ -1,13 +1,14 @@
-"""One launch grid of a tile program + a config + what the call's arguments prove -> a newt kernel's text.
+"""One launch grid of a tile program + a config + the call's host values -> a newt kernel's text.
 
 Each expression becomes its text and its dims, one per axis: a Dim (a tile, or a whole dimension taken with
 `:`) or None (size 1). Dims say where masks go: loads and stores are masked by their tiles' bounds, a
 reduction along a ragged dim first puts its identity in the padding, and a dot along a ragged K zeroes the
-padding of an operand that is not a fresh load (loads fill it with 0). A mask is left out where the
-specialization proves that the block divides the bound.
+padding of an operand that is not a fresh load (loads fill it with 0). A mask is left out where the call's
+sizes, which the host code knows, prove that the block divides the bound.
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from newtc import ast as A
 from newtc.errors import NkError, Span
 from newtc.types import DType
 
-from .lang import DTYPE_OF, header, is_call, literal
+from .lang import DTYPE_OF, header, is_call
 
 PREC = {"or": 1, "and": 2, "|": 5, "^": 6, "&": 7, "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "//": 10,
         "%": 10, "@": 10, **dict.fromkeys(["<", "<=", ">", ">=", "==", "!="], 4)}
@@ -30,7 +31,7 @@ IDENTITY = {"sum": "0", "max": "-inf", "min": "inf", "argmax": "-inf", "argmin":
 class Dim(NamedTuple):
     index: str  # the index vector: a tile's variable, or r0, r1, ... for whole dimensions
     block: str  # its block size, a constexpr
-    bound: str | None  # lanes with index >= bound are padding; None where the specialization proves there are none
+    bound: str | None  # lanes with index >= bound are padding; None where the call proves there are none
     var: str | None  # the tile variable (None: a whole dimension)
     size: int  # the block size
 
@@ -56,9 +57,10 @@ def bc(j: int, rank: int) -> str:
     return "" if rank <= 1 else "[" + ", ".join(":" if k == j else "None" for k in range(rank)) + "]"
 
 
-def mask(dims, rank: int) -> str | None:
-    """The mask of the ragged ones of (axis, Dim) pairs."""
-    terms = [f"{d.index}{bc(j, rank)} < {d.bound}" for j, d in dims if d is not None and d.bound]
+def mask(dims: tuple, axes=None) -> str | None:
+    """The mask of a block's ragged dims (those on `axes`, or all)."""
+    terms = [f"{d.index}{bc(j, len(dims))} < {d.bound}" for j, d in enumerate(dims)
+             if d is not None and d.bound and (axes is None or j in axes)]
     return terms[0] if len(terms) == 1 else " & ".join(f"({t})" for t in terms) or None
 
 
@@ -78,21 +80,14 @@ def names_in(node) -> set:
     return out | {node.name} if isinstance(node, A.Param) else out
 
 
-def size_facts(n) -> tuple:
-    """What a size proves: its whole block (the next power of two) and the power of two dividing it."""
-    n = int(n)
-    return 1 << max(0, (n - 1).bit_length()), n & -n
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def facts(v, constexpr: bool):
-    """The part of a host value that the generated text depends on."""
-    if isinstance(v, torch.Tensor):
-        if v.dtype not in DTYPE_OF:
-            raise NkError(f"tensors of {v.dtype} are not supported")
-        return "T", DTYPE_OF[v.dtype].name, tuple((*size_facts(s), st == 1) for s, st in zip(v.shape, v.stride()))
-    if constexpr or isinstance(v, bool) or not isinstance(v, (int, float)):
-        return ("K" if constexpr else "C"), v
-    return ("I", size_facts(v)) if isinstance(v, int) else ("F",)
+@functools.cache
+def programs(device: torch.device) -> int:
+    """How many programs a persistent grid starts: one per SM (4 in the interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def is_whole(item) -> bool:
@@ -107,7 +102,7 @@ def is_none(item) -> bool:
 @dataclass
 class Info:
     """What the search space is derived from."""
-    tiles: dict = field(default_factory=dict)  # tile variable -> size facts of its bound (or None)
+    tiles: dict = field(default_factory=dict)  # tile variable -> the next power of two of its bound (or None)
     dot: set = field(default_factory=set)  # tile variables that are dot dimensions
     values: set = field(default_factory=set)  # block shapes: tuples of tile variables and whole sizes
     loops: bool = False  # an in-kernel tile loop
@@ -120,8 +115,7 @@ class Lowered:
     name: str  # the kernel's
     params: list  # (name, source): ("value", host name) | ("size" | "stride", tensor, dim)
     meta: dict  # the launch's keywords: the constexprs, num_warps and num_stages
-    grid: list  # (bound expression, block size; None for grid(n))
-    persistent: bool
+    grid: int  # programs launched
     file: str  # the generated file's name
     linemap: dict  # generated line -> Span in the tile program
     info: Info
@@ -129,13 +123,6 @@ class Lowered:
 
     def args(self, env) -> list:
         return [env[s[1]] if s[0] == "value" else getattr(env[s[1]], s[0])(s[2]) for _, s in self.params]
-
-    def grid_size(self, env, interp, programs: int) -> int:
-        n = 1
-        for bound, block in self.grid:
-            size = int(interp.expr(bound, env))
-            n *= -(-size // block) if block else size
-        return min(n, programs) if self.persistent else n
 
     def run(self, step, *args, **kwargs):
         """step(*args, **kwargs), an error in the generated kernel reported at the tile program's line."""
@@ -154,9 +141,11 @@ class Lowered:
 
 
 class Lower:
-    def __init__(self, fn: A.FuncDef, module: A.Module, facts: dict, bounds: dict, config: dict, name: str, taken: set):
-        self.fn, self.module, self.facts, self.bounds, self.config = fn, module, facts, bounds, config
-        self.name, self.taken, self.span = name, set(taken), fn.span
+    """Lowers a grid of `fn` (a program.TileFunction) for a call: `host` holds the host code's values there."""
+
+    def __init__(self, fn, host: dict, interp, config: dict, name: str):
+        self.fn, self.host, self.interp, self.config, self.name = fn, host, interp, config, name
+        self.taken, self.span = set(fn.taken), fn.defn.span
         self.lines, self.preamble, self.depth = [], [], 1  # (depth, text, span)
         self.params, self.consts, self.memo, self.env, self.rindex = {}, {}, {}, {}, {}
         self.info, self.called = Info(), set()
@@ -193,16 +182,31 @@ class Lower:
         self.line(f"{name} = {text}")
         return name
 
+    def known(self, e):
+        """The value of an expression that only the host code's values make (a size, an axis), else None."""
+        if names_in(e) & set(self.env):
+            return None
+        try:
+            return self.interp.expr(e, self.host)
+        except (NkError, TypeError, ValueError, AttributeError, IndexError, KeyError):
+            return None
+
+    def size(self, e, what: str) -> int:
+        n = self.known(e)
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise NkError(f"{what} must be an int the host code knows", e.span)
+        return n
+
     # ---- the grid ------------------------------------------------------------------------------
     def lower(self, loop: A.For) -> Lowered:
         self.span = loop.span
-        dims, grid = [], []  # (variable, bound, Dim or None for grid(n)); (bound node, block size or None)
+        dims, grid = [], 1  # (variable, bound, Dim or None for grid(n)); programs
         for name, arg in zip(header(loop)[1], loop.iter.args):
             node = arg.args[0] if is_call(arg, "grid") else arg
-            bound = self.scalar(node)
+            bound, n = self.scalar(node), self.size(node, "a grid's size")
             d = self.tile(name, arg, bound) if node is arg else None
             dims.append((name, bound.text, d))
-            grid.append((node, d.size if d else None))
+            grid *= -(-n // d.size) if d else n
         self.info.group = len(dims) > 1 and None not in (dims[-1][2], dims[-2][2])
         group = self.config.get("group", 1) if self.info.group else 1
         persistent = bool(self.config.get("persistent"))
@@ -214,6 +218,7 @@ class Lower:
         if persistent:  # one program per SM walks the tiles
             self.line(f"for {pid} in range(program_id(0), {' * '.join(counts)}, num_programs(0)):")
             self.depth += 1
+            grid = min(grid, programs(self.interp.device))
         else:
             self.line(f"{pid} = program_id(0)")
         pids = [pid] if len(dims) == 1 and dims[0][2] else [v if d is None else self.fresh(f"pid_{v}") for v, _, d in dims]
@@ -229,7 +234,7 @@ class Lower:
             else:
                 self.enter(v, d, E(f"{p} * {d.block}", (), PREC["*"]), bound)
         self.block(loop.body)
-        return self.finish(grid, persistent)
+        return self.finish(grid)
 
     def unflatten(self, pid: str, names: list, counts: list) -> None:
         """The index along each dimension from the flat program id, row-major: the last dimension moves fastest."""
@@ -249,43 +254,45 @@ class Lower:
         self.line(f"{pids[1]} = {rest} // {rows}")
 
     def tile(self, name: str, node, bound: E) -> Dim:
-        """A tile loop's block; it is not masked where the call proves that the block divides the bound."""
-        size, fact = self.config.get(f"block_{name}", 1), self.bounds.get(id(node))
-        self.info.tiles[name] = fact
-        even = fact is not None and fact[1] % size == 0
-        return Dim(name, self.const(f"BLOCK_{name.upper()}", size, ("block", name)), None if even else bound.text, name, size)
+        """A tile loop's block; it is not masked where the host code's sizes show that the block divides the bound."""
+        size, n = self.config.get(f"block_{name}", 1), self.known(node)
+        n = n if isinstance(n, int) and not isinstance(n, bool) else None
+        self.info.tiles[name] = None if n is None else next_pow2(n)
+        block = self.const(f"BLOCK_{name.upper()}", size, ("block", name))
+        return Dim(name, block, None if n is not None and n % size == 0 else bound.text, name, size)
 
     def enter(self, name: str, dim: Dim, begin: E, bound: str) -> None:
         self.line(f"{name} = {begin.text} + arange(0, {dim.block})")
         self.env[name] = TileVar(dim, begin, bound)
 
-    def whole(self, bound: str, facts: tuple) -> Dim:
-        """A whole dimension of `bound` elements in a block of its next power of two; one index vector per size."""
-        np2, pow2 = facts[:2]
+    def whole(self, bound: str, n: int) -> Dim:
+        """A whole dimension of n elements (`bound` in the kernel) in a block of its next power of two; one index
+        vector per block size."""
+        np2 = next_pow2(n)
         if np2 not in self.rindex:
             index = self.fresh(f"r{len(self.rindex)}")
             self.rindex[np2] = index, self.const(index.upper(), np2, ("R", np2))
             self.preamble.append((1, f"{index} = arange(0, {self.rindex[np2][1]})", self.span))
-        return Dim(*self.rindex[np2], None if pow2 == np2 else bound, None, np2)
+        return Dim(*self.rindex[np2], None if n == np2 else bound, None, np2)
 
-    def finish(self, grid, persistent) -> Lowered:
-        file, short = self.module.file, Path(self.module.file).name
-        order = sorted(self.params, key=lambda n: not (self.params[n][0] == "value" and self.facts[self.params[n][1]][0] == "T"))
+    def finish(self, grid: int) -> Lowered:
+        module, fn = self.fn.program.ast, self.fn.defn
+        file, short = module.file, Path(module.file).name
+        order = sorted(self.params, key=lambda n: not isinstance(self.host.get(n), torch.Tensor))  # tensors first
         config = json.dumps(self.config, default=str)
-        out = [(f"# deuteron: tile {self.fn.name} ({short}:{self.fn.span.line}), config {config}", None)]  # (text, Span)
-        defs = {d.name: d for d in self.module.defs if d.kind == "def"}
+        out = [(f"# deuteron: tile {fn.name} ({short}:{fn.span.line}), config {config}", None)]  # (text, Span)
+        defs = {d.name: d for d in module.defs if d.kind == "def"}
         used = self.called & set(defs)
         while more := {m for n in used for m in names_in(defs[n].body) if m in defs} - used:  # helpers' helpers
             used |= more
-        src = self.module.source.splitlines()
+        src = module.source.splitlines()
         for d in (d for d in defs.values() if d.name in used):  # as written
             out += [(src[k - 1], Span(file, k, 1)) for k in range(d.span.line, d.span.end_line + 1)] + [("", None)]
         out.append((f"kernel {self.name}({', '.join(order + [f'{n}: constexpr' for n in self.consts])}):", self.span))
         out += [(f"{'    ' * depth}{text}  # {short}:{span.line}", span) for depth, text, span in self.preamble + self.lines]
         meta = {**self.consts, "num_warps": self.config.get("num_warps", 4), "num_stages": self.config.get("num_stages", 1)}
-        return Lowered("\n".join(text for text, _ in out) + "\n", self.name, [(n, self.params[n]) for n in order],
-                       meta, grid, persistent, f"{file}~{self.name}.nk",
-                       {i: span for i, (_, span) in enumerate(out, 1) if span}, self.info)
+        return Lowered("\n".join(text for text, _ in out) + "\n", self.name, [(n, self.params[n]) for n in order], meta,
+                       grid, f"{file}~{self.name}.nk", {i: span for i, (_, span) in enumerate(out, 1) if span}, self.info)
 
     # ---- statements ----------------------------------------------------------------------------
     def block(self, stmts):
@@ -374,40 +381,26 @@ class Lower:
     e_TupleExpr = e_ListExpr
 
     def e_Name(self, e):
-        v = self.env.get(e.id)
-        if v is not None:
+        if e.id in self.env:
+            v = self.env[e.id]
             return E(e.id, (v.dim,)) if isinstance(v, TileVar) else v
-        fact = self.facts.get(e.id, ("",))
-        if fact[0] == "C":  # a host bool, string, dtype or None: a literal
-            return E(fact[1].name if isinstance(fact[1], DType) else repr(fact[1]))
-        if fact[0] == "K":
-            self.consts[e.id] = fact[1]
-        elif fact[0]:
+        if e.id not in self.host:
+            return E(e.id)  # a builtin, helper or constant such as f32 or inf
+        v = self.host[e.id]
+        if e.id in self.fn.constexprs:
+            self.consts[e.id] = v
+        elif self.tensor(e) is not None or isinstance(v, (int, float)) and not isinstance(v, bool):
             self.params[e.id] = ("value", e.id)
-        return E(e.id)  # a parameter, or a builtin, helper or constant such as f32 or inf
+        else:  # a host bool, string, dtype or None: a literal
+            return E(v.name if isinstance(v, DType) else repr(v))
+        return E(e.id)
 
-    def host_tensor(self, e) -> str | None:
-        """The name of the host code's tensor that e is, or None."""
-        ok = isinstance(e, A.Name) and e.id not in self.env and self.facts.get(e.id, ("",))[0] == "T"
-        return e.id if ok else None
-
-    def shape_item(self, e) -> tuple | None:
-        """(x, d) where e is `x.shape[d]` of a host tensor x."""
-        if isinstance(e, A.Subscript) and isinstance(e.value, A.Attribute) and e.value.attr == "shape":
-            t = self.host_tensor(e.value.value)
-            return (t, literal(e.index[0])) if t else None
-        return None
-
-    def size(self, t: str, d: int) -> str:
-        return self.param(f"{t}_size{d}", ("size", t, d))
-
-    def int_facts(self, e) -> tuple | None:
-        """What the call proves about a host int, `x.shape[d]` or a parameter: see size_facts."""
-        if (item := self.shape_item(e)) is not None:
-            return self.facts[item[0]][2][item[1]]
-        if isinstance(e, A.Name) and e.id not in self.env and self.facts.get(e.id, ("",))[0] == "I":
-            return self.facts[e.id][1]
-        return None
+    def tensor(self, e) -> torch.Tensor | None:
+        """The host code's tensor that e names, or None."""
+        v = self.host.get(e.id) if isinstance(e, A.Name) and e.id not in self.env else None
+        if isinstance(v, torch.Tensor) and v.dtype not in DTYPE_OF:
+            raise NkError(f"tensors of {v.dtype} are not supported", e.span)
+        return v if isinstance(v, torch.Tensor) else None
 
     def e_Attribute(self, e):
         v = self.env.get(e.value.id) if isinstance(e.value, A.Name) else None
@@ -415,15 +408,17 @@ class Lower:
             end = f"minimum({v.begin.text} + {v.dim.block}, {v.bound})"
             return {"begin": v.begin, "end": E(end), "index": E(v.dim.index, (v.dim,)),
                     "size": E(f"{end} - {par(v.begin, PREC['-'] + 1)}", (), PREC["-"])}[e.attr]
-        if self.host_tensor(e.value) and e.attr == "dtype":
-            return E(self.facts[e.value.id][1])
+        if (t := self.tensor(e.value)) is not None and e.attr == "dtype":
+            return E(DTYPE_OF[t.dtype].name)
         base = self.expr(e.value)
         return E(f"{par(base, ATOM)}.{e.attr}", base.dims if e.attr == "to" else ())
 
     def e_Subscript(self, e):
-        if (item := self.shape_item(e)) is not None:
-            return E(self.size(*item))
-        if self.host_tensor(e.value):
+        base = e.value
+        if isinstance(base, A.Attribute) and base.attr == "shape" and (t := self.tensor(base.value)) is not None:
+            d = self.size(e.index[0], "a dimension") % t.dim()
+            return E(self.param(f"{base.value.id}_size{d}", ("size", base.value.id, d)))
+        if self.tensor(e.value) is not None:
             ptr, m, dims = self.place(e)
             return E(f"load({ptr}{f', mask={m}, other=0' if m else ''})", dims)
         v, dims, items = self.expr(e.value), [], []
@@ -437,33 +432,34 @@ class Lower:
 
     def place(self, e: A.Subscript):
         """The pointers, mask and dims of `x[tm, :, i, None]` for a host tensor x."""
-        t = self.host_tensor(e.value)
+        t = self.tensor(e.value)
         if t is None:
             raise NkError("tiles index the host code's tensors", e.value.span)
-        shape, dims, offsets = self.facts[t][2], [], []  # offsets: per dimension of x, an axis of dims or a scalar E
+        x, dims, offsets = e.value.id, [], []  # offsets: per dimension of x, an axis of dims or a scalar E
         for item in e.index:
             v = self.env.get(item.id) if isinstance(item, A.Name) else None
             if is_none(item):
                 dims.append(None)
                 continue
-            if len(offsets) == len(shape):
-                raise NkError(f"too many indices for a tensor of rank {len(shape)}", e.span)
+            d = len(offsets)
+            if d == t.dim():
+                raise NkError(f"too many indices for a tensor of rank {t.dim()}", e.span)
             if isinstance(item, A.Slice) and not is_whole(item):
                 raise NkError("a tensor takes `:` (a whole dimension), not a range", item.span)
             if is_whole(item) or isinstance(v, TileVar):
-                dims.append(self.whole(self.size(t, len(offsets)), shape[len(offsets)]) if is_whole(item) else v.dim)
+                dims.append(self.whole(self.param(f"{x}_size{d}", ("size", x, d)), t.shape[d]) if is_whole(item) else v.dim)
                 offsets.append(len(dims) - 1)
             else:
                 offsets.append(self.scalar(item))
-        if len(offsets) != len(shape):
-            raise NkError(f"{len(offsets)} indices for a tensor of rank {len(shape)}", e.span)
-        parts = [t]
-        for d, x in enumerate(offsets):
-            idx = E(dims[x].index + bc(x, len(dims))) if isinstance(x, int) else x
-            unit = shape[d][2]  # a unit stride is known, so the offsets are seen to be contiguous
-            parts.append(par(idx, 10) if unit else f"{par(idx, 10)} * {self.param(f'{t}_stride{d}', ('stride', t, d))}")
-        self.params[t] = ("value", t)
-        return " + ".join(parts), mask(enumerate(dims), len(dims)), tuple(dims)
+        if len(offsets) != t.dim():
+            raise NkError(f"{len(offsets)} indices for a tensor of rank {t.dim()}", e.span)
+        parts = [x]
+        for d, i in enumerate(offsets):
+            idx = par(E(dims[i].index + bc(i, len(dims))) if isinstance(i, int) else i, PREC["*"])
+            unit = t.stride(d) == 1  # a known unit stride: the offsets are seen to be contiguous
+            parts.append(idx if unit else f"{idx} * {self.param(f'{x}_stride{d}', ('stride', x, d))}")
+        self.params[x] = ("value", x)
+        return " + ".join(parts), mask(tuple(dims)), tuple(dims)
 
     def e_UnaryOp(self, e):
         v = self.expr(e.operand)
@@ -482,8 +478,8 @@ class Lower:
         if len(a.dims) != 2 or len(b.dims) != 2:
             raise NkError("`@` multiplies two 2-D tiles", span)
         texts = []
-        for node, v, k, j in ((an, a, a.dims[1], 1), (bn, b, b.dims[0], 0)):
-            m = None if self.zero_padded(node) else mask([(j, k)], 2)
+        for node, v, k in ((an, a, 1), (bn, b, 0)):  # K is a's axis 1 and b's axis 0
+            m = None if self.zero_padded(node) else mask(v.dims, [k])
             texts.append(f"where({m}, {v.text}, 0)" if m else v.text)
         self.info.dot |= {d.var for d in (a.dims[0], a.dims[1], b.dims[1]) if d and d.var}
         return E(f"dot({', '.join(texts + ([acc.text] if acc else []))})", (a.dims[0], b.dims[1]))
@@ -492,7 +488,7 @@ class Lower:
         """A fresh load, possibly converted: its padding holds 0."""
         if isinstance(e, A.Call) and isinstance(e.func, A.Attribute) and e.func.attr == "to":
             return self.zero_padded(e.func.value)
-        return isinstance(e, A.Subscript) and self.host_tensor(e.value) is not None
+        return isinstance(e, A.Subscript) and self.tensor(e.value) is not None
 
     def e_Call(self, e):
         f = e.func.id if isinstance(e.func, A.Name) else None
@@ -519,10 +515,11 @@ class Lower:
 
     def reduce(self, f, e, kw):
         x = self.expr(e.args[0])
-        axis = literal(e.args[1] if len(e.args) > 1 else kw["axis"]) if len(e.args) > 1 or "axis" in kw else None
-        keep = "keep_dims" in kw and bool(literal(kw["keep_dims"]))
+        node = e.args[1] if len(e.args) > 1 else kw.get("axis")
+        axis = None if node is None or is_none(node) else self.size(node, "an axis")
+        keep = "keep_dims" in kw and bool(self.known(kw["keep_dims"]))
         axes = range(len(x.dims)) if axis is None else [axis % len(x.dims)]
-        m = mask([(a, x.dims[a]) for a in axes], len(x.dims))
+        m = mask(x.dims, axes)
         args = [f"where({m}, {x.text}, {IDENTITY[f]})" if m else x.text]
         args += ([f"axis={axis}"] if axis is not None else []) + (["keep_dims=True"] if keep else [])
         return E(f"{f}({', '.join(args)})", tuple(None if a in axes else d for a, d in enumerate(x.dims) if keep or a not in axes))
@@ -534,12 +531,10 @@ class Lower:
         return E(f"{f}([{', '.join(d.block for d in dims)}]{''.join(', ' + r for r in rest)})", dims)
 
     def shape_dim(self, item) -> Dim:
-        """A dimension of the block zeros() or full() makes: a tile, a literal, or a whole host size."""
+        """A dimension of the block zeros() or full() makes: a tile, a literal, or a whole size the host knows."""
         v = self.env.get(item.id) if isinstance(item, A.Name) else None
         if isinstance(v, TileVar):
             return v.dim
         if isinstance(item, A.Num):
             return Dim("", str(item.value), None, None, item.value)
-        if (facts := self.int_facts(item)) is not None:
-            return self.whole(self.scalar(item).text, facts)
-        raise NkError("a tile shape lists tiles, tensor sizes (x.shape[i]) and host ints", item.span)
+        return self.whole(self.scalar(item).text, self.size(item, "a tile shape's entry (a tile, or a size)"))

@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 from pathlib import Path
@@ -31,17 +30,11 @@ def signature(args, kwargs) -> tuple:
     return (*map(one, args), *((k, one(v)) for k, v in kwargs.items()))
 
 
-@functools.cache
-def programs(device: torch.device) -> int:
-    """How many programs a persistent grid starts: one per SM (4 in the interpreter)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
 class Launch:
     """One kernel launch of a call, its arguments bound; calling it launches."""
 
-    def __init__(self, low: lower.Lowered, grid: int, args: list):
-        self.low, self.kernel, self.grid, self.args, self.meta = low, low.kernel, grid, args, low.meta
+    def __init__(self, low: lower.Lowered, args: list):
+        self.low, self.kernel, self.grid, self.args, self.meta = low, low.kernel, low.grid, args, low.meta
 
     def __call__(self):
         self.low.run(self.kernel[(self.grid,)], *self.args, **self.meta)
@@ -88,8 +81,7 @@ class TileFunction:
         text = "\n".join("\n".join(lines[x.span.line - 1:x.span.end_line]) for x in [d, *program.defs.values()])
         self.hash = hashlib.sha256(text.encode()).hexdigest()[:16]  # what a stored config is valid for
         self.taken = lower.names_in(program.ast.defs) | {x.name for x in program.ast.defs}
-        self.names = {id(s): lower.names_in(s) for s in self.loops}  # what each grid's text depends on
-        self.lowered, self.fast, self.chosen, self.pinned, self.tuned = {}, {}, {}, None, {}
+        self.lowered, self.chosen, self.pinned, self.tuned = {}, {}, None, {}
 
     def __repr__(self) -> str:
         return f"<deuteron tile program {self.name} from {self.program.filename}>"
@@ -117,32 +109,15 @@ class TileFunction:
         call = (tuple(sorted(config.items())), signature(args, kwargs))  # the same call lowers the same way
 
         def grid(loop, env):
-            if (id(loop), call) not in self.fast:
-                low = self.lower(loop, env, config, interp)
-                self.fast[(id(loop), call)] = low, low.grid_size(env, interp, programs(interp.device))
-            low, size = self.fast[(id(loop), call)]
-            launches.append(Launch(low, size, low.args(env)))
+            key = (id(loop), call, tuple(env.get(n) for n in sorted(self.constexprs)))  # and floats passed as constexprs
+            if key not in self.lowered:
+                name = self.name if len(self.loops) == 1 else f"{self.name}_{self.loops.index(loop)}"
+                low = self.lowered[key] = lower.Lower(self, env, interp, config, name).lower(loop)
+                low.kernel = getattr(low.run(newtc.compile, low.text, low.file), low.name)
+            launches.append(Launch(self.lowered[key], self.lowered[key].args(env)))
 
         interp.hook = grid
         return interp.call(self.defn, args, kwargs), launches
-
-    def lower(self, loop: A.For, env: dict, config: dict, interp: lang.Interp) -> lower.Lowered:
-        """The grid's kernel for what this call proves: lowered and compiled once per config and facts."""
-        host = tuple((n, lower.facts(env[n], n in self.constexprs)) for n in sorted(self.names[id(loop)]) if n in env)
-        bounds = {}
-        for s in tile_loops([loop], True):
-            for arg in s.iter.args:
-                try:
-                    bounds[id(arg)] = lower.size_facts(interp.expr(arg, env))
-                except (NkError, TypeError, ValueError, AttributeError):
-                    pass  # a bound the kernel computes (tm.end): its mask stays
-        key = (id(loop), tuple(sorted((k, str(v)) for k, v in config.items())), host, tuple(sorted(bounds.items())))
-        if key not in self.lowered:
-            name = self.name if len(self.loops) == 1 else f"{self.name}_{self.loops.index(loop)}"
-            low = lower.Lower(self.defn, self.program.ast, dict(host), bounds, config, name, self.taken).lower(loop)
-            low.kernel = getattr(low.run(newtc.compile, low.text, low.file), low.name)
-            self.lowered[key] = low
-        return self.lowered[key]
 
     def space(self, *args, **kwargs) -> search.Space:
         """The search space of this specialization, derived from what the lowering sees."""

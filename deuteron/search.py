@@ -34,9 +34,9 @@ class Space:
             dot |= info.dot
             values |= info.values
         choices = {}
-        for var, fact in tiles.items():
+        for var, bound in tiles.items():  # bound: the next power of two of the tile's bound, or None
             lo, cap = (16, 256) if var in dot else (1, 16384)
-            hi = max(lo, min(fact[0] if fact else cap, cap))
+            hi = max(lo, min(bound or cap, cap))
             choices[f"block_{var}"] = [1 << k for k in range(lo.bit_length() - 1, hi.bit_length())]
             defaults[f"block_{var}"] = min(64 if var in dot else 1024, hi)
         choices["num_warps"] = WARPS

@@ -19,7 +19,7 @@ import newtc.jit
 from newtc.cache import default_dir
 
 from .lang import device_of
-from .lower import size_facts
+from .lower import next_pow2
 
 VERSION = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))).hexdigest()[:16]
 
@@ -31,11 +31,11 @@ def directory() -> Path:
 def arg_key(a):
     """An argument's part of the key: a tensor's dtype, shape bucket, alignment and unit strides; an int's bucket."""
     if isinstance(a, torch.Tensor):
-        bucket = [size_facts(s)[0] for s in a.shape]
+        bucket = [next_pow2(s) for s in a.shape]
         return [str(a.dtype).removeprefix("torch."), bucket, a.data_ptr() % 16 == 0, [st == 1 for st in a.stride()]]
     if isinstance(a, bool) or not isinstance(a, (int, float)):
         return repr(a)
-    return ["int", size_facts(abs(a))[0]] if isinstance(a, int) else "float"
+    return ["int", next_pow2(abs(a))] if isinstance(a, int) else "float"
 
 
 def key(fn, args, kwargs) -> dict:
