@@ -22,9 +22,6 @@ TORCH = {"bool": torch.bool, "i8": torch.int8, "i16": torch.int16, "i32": torch.
          "u8": torch.uint8, "f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
 DTYPE_OF = {t: DTYPES[n] for n, t in TORCH.items()}
 CONSTANTS = {"inf": math.inf, "nan": math.nan, **DTYPES}
-OPS = {op: getattr(operator, name) for op, name in [
-    ("+", "add"), ("-", "sub"), ("*", "mul"), ("/", "truediv"), ("<<", "lshift"), (">>", "rshift"), ("&", "and_"),
-    ("|", "or_"), ("^", "xor"), ("<", "lt"), ("<=", "le"), (">", "gt"), (">=", "ge"), ("==", "eq"), ("!=", "ne")]}
 ATOMICS = {"atomic_add": torch.add, "atomic_max": torch.maximum, "atomic_min": torch.minimum}
 
 
@@ -61,15 +58,6 @@ def header(s: A.For) -> tuple:
 
 def is_tunable(p: A.Param) -> bool:
     return isinstance(p.annotation, A.Name) and p.annotation.id == "tunable"
-
-
-def literal(e):
-    """A number, a negated number, True, False or None where only a literal may stand."""
-    if isinstance(e, (A.Num, A.Const)):
-        return e.value
-    if isinstance(e, A.UnaryOp) and e.op == "-" and isinstance(e.operand, A.Num):
-        return -e.operand.value
-    raise NkError("expected a literal here", e.span)
 
 
 def tensor(x, device):
@@ -237,14 +225,7 @@ class Interp:
     def binop(self, op, a, b):
         if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
             return fold(op, a, b)  # host numbers: the language's semantics (C division)
-        if op == "@":
-            return _dot(self, a, b)
-        if op in ("and", "or"):
-            return (torch.logical_and if op == "and" else torch.logical_or)(tensor(a, self.device), tensor(b, self.device))
-        if op == "//":
-            floating = any(isinstance(x, float) or isinstance(x, torch.Tensor) and x.is_floating_point() for x in (a, b))
-            return torch.div(a, b, rounding_mode="floor" if floating else "trunc")
-        return torch.fmod(tensor(a, self.device), b) if op == "%" else OPS[op](a, b)  # C's %: the dividend's sign
+        return OPS[op](tensor(a, self.device), tensor(b, self.device))  # a number as a 0-d tensor promotes as a scalar
 
     def e_Call(self, e, env):
         if isinstance(e.func, A.Attribute) and e.func.attr == "to":
@@ -305,6 +286,15 @@ def _static_assert(it, cond, msg=""):
         raise NkError(f"static_assert failed{': ' + msg if msg else ''}")
 
 
+def _floordiv(a, b):
+    """Floor division of floats, truncation (C's) of ints."""
+    return torch.div(a, b, rounding_mode="floor" if a.is_floating_point() or b.is_floating_point() else "trunc")
+
+
+OPS = {**{op: getattr(operator, name) for op, name in [
+    ("+", "add"), ("-", "sub"), ("*", "mul"), ("/", "truediv"), ("<<", "lshift"), (">>", "rshift"), ("&", "and_"),
+    ("|", "or_"), ("^", "xor"), ("<", "lt"), ("<=", "le"), (">", "gt"), (">=", "ge"), ("==", "eq"), ("!=", "ne")]},
+    "//": _floordiv, "%": torch.fmod, "@": lambda a, b: _dot(None, a, b), "and": torch.logical_and, "or": torch.logical_or}  # fmod: C's %
 BUILTINS = {
     **{n: _math(n) for n in "exp exp2 log log2 sqrt rsqrt sin cos tanh sigmoid erf floor ceil abs".split()},
     **{n: _reduce(n) for n in ("sum", "max", "min", "argmax", "argmin")},

@@ -182,18 +182,18 @@ class Lower:
         self.line(f"{name} = {text}")
         return name
 
-    def known(self, e):
-        """The value of an expression that only the host code's values make (a size, an axis), else None."""
+    def known(self, e) -> int | None:
+        """The int an expression makes of the host code's values alone (a size, an axis), else None."""
         if names_in(e) & set(self.env):
             return None
         try:
-            return self.interp.expr(e, self.host)
+            n = self.interp.expr(e, self.host)
         except (NkError, TypeError, ValueError, AttributeError, IndexError, KeyError):
             return None
+        return n if isinstance(n, int) else None
 
     def size(self, e, what: str) -> int:
-        n = self.known(e)
-        if not isinstance(n, int) or isinstance(n, bool):
+        if (n := self.known(e)) is None:
             raise NkError(f"{what} must be an int the host code knows", e.span)
         return n
 
@@ -256,7 +256,6 @@ class Lower:
     def tile(self, name: str, node, bound: E) -> Dim:
         """A tile loop's block; it is not masked where the host code's sizes show that the block divides the bound."""
         size, n = self.config.get(f"block_{name}", 1), self.known(node)
-        n = n if isinstance(n, int) and not isinstance(n, bool) else None
         self.info.tiles[name] = None if n is None else next_pow2(n)
         block = self.const(f"BLOCK_{name.upper()}", size, ("block", name))
         return Dim(name, block, None if n is not None and n % size == 0 else bound.text, name, size)

@@ -63,18 +63,17 @@ class Program:
         raise AttributeError(f"{self.__dict__.get('filename')} has no tile program '{name}'")
 
 
-def tile_loops(stmts, nested: bool) -> list:
-    """The tile loops among these statements in program order: the launch grids, or (nested) all of them."""
+def grids(stmts) -> list:
+    """The launch grids among these statements (tile loops outside any other), in program order."""
     out = []
     for s in stmts:
-        inner = getattr(s, "body", []) + getattr(s, "orelse", [])
-        out += [s] + (tile_loops(inner, True) if nested else []) if lang.is_tiles(s) else tile_loops(inner, nested)
+        out += [s] if lang.is_tiles(s) else grids(getattr(s, "body", []) + getattr(s, "orelse", []))
     return out
 
 
 class TileFunction:
     def __init__(self, program: Program, d: A.FuncDef):
-        self.program, self.defn, self.name, self.loops = program, d, d.name, tile_loops(d.body, False)
+        self.program, self.defn, self.name, self.loops = program, d, d.name, grids(d.body)
         self.constexprs = {p.name for p in d.params if lang.is_tunable(p) or lang.is_constexpr_annot(p.annotation)}
         self.tunables = lang.Interp(program.defs, None).tunables(d)
         lines = program.ast.source.splitlines()

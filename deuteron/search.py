@@ -14,8 +14,11 @@ import math
 import random
 import time
 
-WARPS, PER_THREAD = [1, 2, 4, 8, 16], 128
+PER_THREAD = 128  # elements a block may hold per thread
 EFFORT = {"quick": (12, 1, 40.0), "full": (48, 2, 600.0)}  # population, move radius, seconds
+# The knobs besides block sizes: their choices, default, and the lower.Info field saying where they apply (None: always).
+KNOBS = {"num_warps": ([1, 2, 4, 8, 16], 4, None), "num_stages": ([1, 2, 3, 4], 2, "loops"),
+         "persistent": ([False, True], False, "loops"), "group": ([1, 4, 8, 16], 8, "group")}
 
 
 def key(config: dict) -> str:
@@ -28,23 +31,17 @@ class Space:
 
     @staticmethod
     def derive(infos: list, tunables: dict) -> "Space":
-        tiles, dot, values, defaults = {}, set(), set(), {"num_warps": 4}
-        for info in infos:
-            tiles.update(info.tiles)
-            dot |= info.dot
-            values |= info.values
-        choices = {}
+        tiles = {var: bound for info in infos for var, bound in info.tiles.items()}
+        dot, values = set().union(*(i.dot for i in infos)), set().union(*(i.values for i in infos))
+        choices, defaults = {}, {}
         for var, bound in tiles.items():  # bound: the next power of two of the tile's bound, or None
             lo, cap = (16, 256) if var in dot else (1, 16384)
             hi = max(lo, min(bound or cap, cap))
             choices[f"block_{var}"] = [1 << k for k in range(lo.bit_length() - 1, hi.bit_length())]
             defaults[f"block_{var}"] = min(64 if var in dot else 1024, hi)
-        choices["num_warps"] = WARPS
-        if any(i.loops for i in infos):
-            choices.update(num_stages=[1, 2, 3, 4], persistent=[False, True])
-            defaults.update(num_stages=2, persistent=False)
-        if any(i.group for i in infos):
-            choices["group"], defaults["group"] = [1, 4, 8, 16], 8
+        for name, (options, default, where) in KNOBS.items():
+            if where is None or any(getattr(i, where) for i in infos):
+                choices[name], defaults[name] = options, default
         for name, options in tunables.items():
             choices[name], defaults[name] = list(options), options[0]
         space = Space(choices, values)
@@ -70,7 +67,7 @@ class Space:
             tiles = [f"block_{d}" for d in big if isinstance(d, str) and config[f"block_{d}"] > self.choices[f"block_{d}"][0]]
             if tiles:
                 config[max(tiles, key=config.get)] //= 2
-            elif config["num_warps"] < WARPS[-1]:
+            elif config["num_warps"] < KNOBS["num_warps"][0][-1]:
                 config["num_warps"] *= 2
             else:
                 return config
