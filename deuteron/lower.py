@@ -74,7 +74,7 @@ def names_in(node) -> set:
     """Every name some AST mentions or binds."""
     if isinstance(node, A.Name):
         return {node.id}
-    if isinstance(node, list):
+    if isinstance(node, (list, tuple)):  # statements, arguments; a keyword argument is a (name, value) pair
         return set().union(*map(names_in, node))
     out = set().union(*(names_in(getattr(node, f)) for f in getattr(node, "__dataclass_fields__", ()) if f != "span"))
     return out | {node.name} if isinstance(node, A.Param) else out
@@ -182,20 +182,16 @@ class Lower:
         self.line(f"{name} = {text}")
         return name
 
-    def known(self, e) -> int | None:
-        """The int an expression makes of the host code's values alone (a size, an axis), else None."""
-        if names_in(e) & set(self.env):
-            return None
+    def known(self, e, what: str | None = None) -> int | None:
+        """The int an expression makes of the host code's values alone (a size, an axis); where it makes none,
+        None, or an error saying that `what` must be one."""
         try:
-            n = self.interp.expr(e, self.host)
+            n = None if names_in(e) & set(self.env) else self.interp.expr(e, self.host)
         except (NkError, TypeError, ValueError, AttributeError, IndexError, KeyError):
-            return None
-        return n if isinstance(n, int) else None
-
-    def size(self, e, what: str) -> int:
-        if (n := self.known(e)) is None:
+            n = None
+        if what and not isinstance(n, int):
             raise NkError(f"{what} must be an int the host code knows", e.span)
-        return n
+        return n if isinstance(n, int) else None
 
     # ---- the grid ------------------------------------------------------------------------------
     def lower(self, loop: A.For) -> Lowered:
@@ -203,7 +199,7 @@ class Lower:
         dims, grid = [], 1  # (variable, bound, Dim or None for grid(n)); programs
         for name, arg in zip(header(loop)[1], loop.iter.args):
             node = arg.args[0] if is_call(arg, "grid") else arg
-            bound, n = self.scalar(node), self.size(node, "a grid's size")
+            bound, n = self.scalar(node), self.known(node, "a grid's size")
             d = self.tile(name, arg, bound) if node is arg else None
             dims.append((name, bound.text, d))
             grid *= -(-n // d.size) if d else n
@@ -327,10 +323,10 @@ class Lower:
     def s_AugAssign(self, s):
         if not isinstance(s.target, A.Name):
             raise NkError("only names take augmented assignment in a tile loop", s.span)
-        acc, v = self.expr(s.target), s.value
+        v = s.value
         if s.op == "+" and isinstance(v, A.BinOp) and v.op == "@":  # accumulate in the dot itself
-            return self.line(f"{acc.text} = {self.dot(v.left, v.right, acc, v.span).text}")
-        self.line(f"{acc.text} {s.op}= {self.expr(v).text}")
+            return self.line(f"{s.target.id} = {self.dot(v.left, v.right, s.target, v.span).text}")
+        self.line(f"{self.expr(s.target).text} {s.op}= {self.expr(v).text}")
 
     def s_If(self, s):
         self.line(f"if {self.expr(s.cond).text}:")
@@ -383,16 +379,14 @@ class Lower:
         if e.id in self.env:
             v = self.env[e.id]
             return E(e.id, (v.dim,)) if isinstance(v, TileVar) else v
-        if e.id not in self.host:
-            return E(e.id)  # a builtin, helper or constant such as f32 or inf
-        v = self.host[e.id]
+        v = self.host.get(e.id)
         if e.id in self.fn.constexprs:
             self.consts[e.id] = v
-        elif self.tensor(e) is not None or isinstance(v, (int, float)) and not isinstance(v, bool):
+        elif self.tensor(e) is not None or type(v) in (int, float):
             self.params[e.id] = ("value", e.id)
-        else:  # a host bool, string, dtype or None: a literal
+        elif e.id in self.host:  # a host bool, string, dtype or None: a literal
             return E(v.name if isinstance(v, DType) else repr(v))
-        return E(e.id)
+        return E(e.id)  # a parameter, or a builtin, helper or constant such as f32 or inf
 
     def tensor(self, e) -> torch.Tensor | None:
         """The host code's tensor that e names, or None."""
@@ -415,7 +409,7 @@ class Lower:
     def e_Subscript(self, e):
         base = e.value
         if isinstance(base, A.Attribute) and base.attr == "shape" and (t := self.tensor(base.value)) is not None:
-            d = self.size(e.index[0], "a dimension") % t.dim()
+            d = self.known(e.index[0], "a dimension") % t.dim()
             return E(self.param(f"{base.value.id}_size{d}", ("size", base.value.id, d)))
         if self.tensor(e.value) is not None:
             ptr, m, dims = self.place(e)
@@ -472,7 +466,8 @@ class Lower:
         a, b, p = self.expr(e.left), self.expr(e.right), PREC[e.op]
         return E(f"{par(a, p + (p == 4))} {e.op} {par(b, p + 1)}", broadcast(a.dims, b.dims), p)  # no chained <
 
-    def dot(self, an, bn, acc: E | None, span) -> E:
+    def dot(self, an, bn, acc, span) -> E:
+        """a @ b, accumulating into acc where there is one; the nodes of a, b and acc."""
         a, b = self.expr(an), self.expr(bn)
         if len(a.dims) != 2 or len(b.dims) != 2:
             raise NkError("`@` multiplies two 2-D tiles", span)
@@ -481,7 +476,7 @@ class Lower:
             m = None if self.zero_padded(node) else mask(v.dims, [k])
             texts.append(f"where({m}, {v.text}, 0)" if m else v.text)
         self.info.dot |= {d.var for d in (a.dims[0], a.dims[1], b.dims[1]) if d and d.var}
-        return E(f"dot({', '.join(texts + ([acc.text] if acc else []))})", (a.dims[0], b.dims[1]))
+        return E(f"dot({', '.join(texts + ([self.expr(acc).text] if acc else []))})", (a.dims[0], b.dims[1]))
 
     def zero_padded(self, e) -> bool:
         """A fresh load, possibly converted: its padding holds 0."""
@@ -497,8 +492,7 @@ class Lower:
         if f in ("zeros", "full"):
             return self.alloc(f, e)
         if f == "dot":
-            acc = e.args[2] if len(e.args) > 2 else kw.get("acc")
-            return self.dot(e.args[0], e.args[1], self.expr(acc) if acc else None, e.span)
+            return self.dot(e.args[0], e.args[1], e.args[2] if len(e.args) > 2 else kw.get("acc"), e.span)
         if f and f.startswith("atomic_") and e.args and isinstance(e.args[0], A.Subscript):
             ptr, m, _ = self.place(e.args[0])
             return E(f"{f}({', '.join([ptr] + [self.expr(a).text for a in e.args[1:]])}{f', mask={m}' if m else ''})")
@@ -515,7 +509,7 @@ class Lower:
     def reduce(self, f, e, kw):
         x = self.expr(e.args[0])
         node = e.args[1] if len(e.args) > 1 else kw.get("axis")
-        axis = None if node is None or is_none(node) else self.size(node, "an axis")
+        axis = None if node is None or is_none(node) else self.known(node, "an axis")
         keep = "keep_dims" in kw and bool(self.known(kw["keep_dims"]))
         axes = range(len(x.dims)) if axis is None else [axis % len(x.dims)]
         m = mask(x.dims, axes)
@@ -536,4 +530,4 @@ class Lower:
             return v.dim
         if isinstance(item, A.Num):
             return Dim("", str(item.value), None, None, item.value)
-        return self.whole(self.scalar(item).text, self.size(item, "a tile shape's entry (a tile, or a size)"))
+        return self.whole(self.scalar(item).text, self.known(item, "a tile shape's entry (a tile, or a size)"))
