@@ -29,9 +29,10 @@ class Wrong(AssertionError):
     pass
 
 
-def outputs(result, args) -> list:
+def outputs(result, args, kwargs=None) -> list:
     """What a call produces: its returned tensors and its tensor arguments (which it may write)."""
-    return [t for t in [*(result if isinstance(result, (tuple, list)) else [result]), *args] if isinstance(t, torch.Tensor)]
+    values = [*(result if isinstance(result, (tuple, list)) else [result]), *args, *(kwargs or {}).values()]
+    return [t for t in values if isinstance(t, torch.Tensor)]
 
 
 def copies(args: list, kwargs: dict, device=None) -> tuple:
@@ -79,7 +80,7 @@ class Session:
         self.fn = Program(text, filename).fns[name]
         self.args, self.kwargs = copies(args, kwargs, f"cuda:{device}")
         args, kwargs = copies(self.args, self.kwargs)
-        self.want = outputs(self.fn.eager(*args, **kwargs), [*args, *kwargs.values()])
+        self.want = outputs(self.fn.eager(*args, **kwargs), args, kwargs)
         self.flush = torch.empty(256 << 20, dtype=torch.int8, device=f"cuda:{device}")  # 4x the H200's L2
 
     def run(self, config: dict, retime: bool) -> float:
@@ -88,7 +89,7 @@ class Session:
         for launch in plan:
             launch()
         torch.cuda.synchronize()
-        check(outputs(result, [*args, *kwargs.values()]), self.want)
+        check(outputs(result, args, kwargs), self.want)
         return time_ms(lambda: [launch() for launch in plan], self.flush, 100 if retime else 20)
 
 
@@ -135,10 +136,10 @@ class Pool:
                     main.__file__ = saved[0]
         child.close()
         self.started += 1
-        kind, why = conn.recv() if conn.poll(START) else ("error", "no answer")
+        kind, reason = conn.recv() if conn.poll(START) else ("error", "no answer")
         if kind != "ready":
             self.stop(proc, conn)
-            raise NkError(f"an autotuning worker could not start (the oracle runs there): {why}")
+            raise NkError(f"an autotuning worker could not start (the oracle runs there): {reason}")
         self.procs[device] = proc, conn
 
     @staticmethod
@@ -210,24 +211,22 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
             plan = fn.plan(args, kwargs, config)[1]
         except NkError as e:
             return lambda: f"error: {why(e)}"
-        future = futures.Future()
+        failed, finished = [None], threading.Event()
 
         def build():  # in a daemon thread: a compile still running when the session ends does not hold up the exit
             with slots:
                 try:
-                    future.set_result(None if done.is_set() else [launch.kernel.binary(launch.args, launch.meta, arch)
-                                                                  for launch in plan])
-                except BaseException as e:
-                    future.set_exception(e)
+                    for launch in [] if done.is_set() else plan:
+                        launch.kernel.binary(launch.args, launch.meta, arch)
+                except BaseException as e:  # any failure to compile rejects this candidate only
+                    failed[0] = f"error: {why(e)}"
+                finished.set()
         threading.Thread(target=build, daemon=True).start()
 
-        def ready():
-            try:  # a compile still running well past the budget is not waited for
-                future.result(timeout=max(1.0, min(COMPILE, deadline + 5 - time.monotonic())))
-            except futures.TimeoutError:
+        def ready():  # a compile still running well past the budget is not waited for
+            if not finished.wait(max(1.0, min(COMPILE, deadline + 5 - time.monotonic()))):
                 return "error: the compile took too long"
-            except Exception as e:  # noqa: BLE001 - any failure to compile rejects this candidate only
-                return f"error: {why(e)}"
+            return failed[0]
         return ready
 
     def measure(configs, retime=False):
