@@ -70,9 +70,6 @@ def main(argv=None) -> int:
             out = "\n".join(launch.stage(args.emit, args.arch) for launch in fn.plan((), kwargs, config)[1])
         sys.stdout.write(out if out.endswith("\n") else out + "\n")
         return 0
-    except NkError as e:
-        print(e.render(), file=sys.stderr)
-        return 1
-    except OSError as e:
-        print(f"deuteron: cannot read {args.file}: {e.strerror}", file=sys.stderr)
+    except (NkError, OSError) as e:
+        print(e.render() if isinstance(e, NkError) else f"deuteron: cannot read {args.file}: {e.strerror}", file=sys.stderr)
         return 1

@@ -43,10 +43,6 @@ def is_call(e, name: str) -> bool:
     return isinstance(e, A.Call) and isinstance(e.func, A.Name) and e.func.id == name
 
 
-def is_tiles(s) -> bool:
-    return isinstance(s, A.For) and is_call(s.iter, "tiles")
-
-
 def header(s: A.For) -> tuple:
     """A loop's kind (tiles, range or static_range) and its names: one per dimension of tiles(...), else one."""
     kind = s.iter.func.id if isinstance(s.iter, A.Call) and isinstance(s.iter.func, A.Name) else None

@@ -40,6 +40,7 @@ class E(NamedTuple):
     text: str
     dims: tuple = ()
     prec: int = ATOM
+    zero: bool = False  # its padding lanes hold 0: a fresh load, converted or not
 
 
 class TileVar(NamedTuple):
@@ -353,7 +354,10 @@ class Lower:
 
     # ---- expressions ---------------------------------------------------------------------------
     def expr(self, e) -> E:
-        out = getattr(self, "e_" + type(e).__name__)(e)
+        lower = getattr(self, "e_" + type(e).__name__, None)
+        if lower is None:
+            raise NkError(f"{type(e).__name__} is not supported in a tile loop", e.span)
+        out = lower(e)
         if out.dims:
             self.info.values.add(tuple(d.var or d.size for d in out.dims if d))
         return out
@@ -368,12 +372,6 @@ class Lower:
         return E(repr(e.value))
 
     e_Const = e_Str = e_Num
-
-    def e_ListExpr(self, e):
-        items = ", ".join(self.expr(x).text for x in e.items)
-        return E(f"[{items}]" if isinstance(e, A.ListExpr) else f"({items}{',' if len(e.items) == 1 else ''})")
-
-    e_TupleExpr = e_ListExpr
 
     def e_Name(self, e):
         if e.id in self.env:
@@ -404,7 +402,7 @@ class Lower:
         if (t := self.tensor(e.value)) is not None and e.attr == "dtype":
             return E(DTYPE_OF[t.dtype].name)
         base = self.expr(e.value)
-        return E(f"{par(base, ATOM)}.{e.attr}", base.dims if e.attr == "to" else ())
+        return E(f"{par(base, ATOM)}.{e.attr}", base.dims if e.attr == "to" else (), zero=base.zero and e.attr == "to")
 
     def e_Subscript(self, e):
         base = e.value
@@ -413,7 +411,7 @@ class Lower:
             return E(self.param(f"{base.value.id}_size{d}", ("size", base.value.id, d)))
         if self.tensor(e.value) is not None:
             ptr, m, dims = self.place(e)
-            return E(f"load({ptr}{f', mask={m}, other=0' if m else ''})", dims)
+            return E(f"load({ptr}{f', mask={m}, other=0' if m else ''})", dims, zero=True)
         v, dims, items = self.expr(e.value), [], []
         axes = iter(v.dims)
         for item in e.index:  # a computed tile takes `:` and None
@@ -472,17 +470,11 @@ class Lower:
         if len(a.dims) != 2 or len(b.dims) != 2:
             raise NkError("`@` multiplies two 2-D tiles", span)
         texts = []
-        for node, v, k in ((an, a, 1), (bn, b, 0)):  # K is a's axis 1 and b's axis 0
-            m = None if self.zero_padded(node) else mask(v.dims, [k])
+        for v, k in ((a, 1), (b, 0)):  # K is a's axis 1 and b's axis 0
+            m = None if v.zero else mask(v.dims, [k])
             texts.append(f"where({m}, {v.text}, 0)" if m else v.text)
         self.info.dot |= {d.var for d in (a.dims[0], a.dims[1], b.dims[1]) if d and d.var}
         return E(f"dot({', '.join(texts + ([self.expr(acc).text] if acc else []))})", (a.dims[0], b.dims[1]))
-
-    def zero_padded(self, e) -> bool:
-        """A fresh load, possibly converted: its padding holds 0."""
-        if isinstance(e, A.Call) and isinstance(e.func, A.Attribute) and e.func.attr == "to":
-            return self.zero_padded(e.func.value)
-        return isinstance(e, A.Subscript) and self.tensor(e.value) is not None
 
     def e_Call(self, e):
         f = e.func.id if isinstance(e.func, A.Name) else None
@@ -504,7 +496,7 @@ class Lower:
         if f == "trans":
             dims = tuple(args[0].dims[int(a.text)] for a in args[1:]) or tuple(reversed(args[0].dims))
         text = ", ".join([a.text for a in args] + [f"{k}={self.expr(v).text}" for k, v in e.kwargs])
-        return E(f"{func.text}({text})", func.dims if isinstance(e.func, A.Attribute) else dims)
+        return E(f"{func.text}({text})", func.dims if isinstance(e.func, A.Attribute) else dims, zero=func.zero)
 
     def reduce(self, f, e, kw):
         x = self.expr(e.args[0])

@@ -67,7 +67,8 @@ def grids(stmts) -> list:
     """The launch grids among these statements (tile loops outside any other), in program order."""
     out = []
     for s in stmts:
-        out += [s] if lang.is_tiles(s) else grids(getattr(s, "body", []) + getattr(s, "orelse", []))
+        tiles = isinstance(s, A.For) and lang.is_call(s.iter, "tiles")
+        out += [s] if tiles else grids(getattr(s, "body", []) + getattr(s, "orelse", []))
     return out
 
 
