@@ -130,15 +130,12 @@ class Lowered:
         try:
             return step(*args, **kwargs)
         except NkError as e:
-            raise self.remap(e) from None
-
-    def remap(self, err: NkError) -> NkError:
-        """An error in the generated kernel as an error at the tile program's line."""
-        d = err.diagnostics[0]
-        if d.span is None or d.span.file != self.file:
-            return err
-        here = self.text.splitlines()[d.span.line - 1].split("  # ")[0].strip()
-        return NkError(d.message, self.linemap.get(d.span.line), "; ".join(filter(None, [d.hint, f"in the generated kernel: {here}"])))
+            d = e.diagnostics[0]
+            if d.span is None or d.span.file != self.file:
+                raise
+            here = self.text.splitlines()[d.span.line - 1].split("  # ")[0].strip()
+            hint = "; ".join(filter(None, [d.hint, f"in the generated kernel: {here}"]))
+            raise NkError(d.message, self.linemap.get(d.span.line), hint) from None
 
 
 class Lower:

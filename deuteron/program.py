@@ -121,7 +121,7 @@ class TileFunction:
 
     def space(self, *args, **kwargs) -> search.Space:
         """The search space of this specialization, derived from what the lowering sees."""
-        return search.Space.derive([launch.low.info for launch in self.plan(args, kwargs, {})[1]], self.tunables)
+        return search.Space([launch.low.info for launch in self.plan(args, kwargs, {})[1]], self.tunables)
 
     def pin(self, config: dict | None) -> None:
         """Use this config for every call (None: back to tuning)."""

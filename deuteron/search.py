@@ -26,27 +26,23 @@ def key(config: dict) -> str:
 
 
 class Space:
-    def __init__(self, choices: dict, values: set):
-        self.choices, self.values, self.defaults = choices, values, {}
+    """The configs of a call, derived from what the lowering saw of each of its grids (lower.Info)."""
 
-    @staticmethod
-    def derive(infos: list, tunables: dict) -> "Space":
+    def __init__(self, infos: list, tunables: dict):
         tiles = {var: bound for info in infos for var, bound in info.tiles.items()}
-        dot, values = set().union(*(i.dot for i in infos)), set().union(*(i.values for i in infos))
-        choices, defaults = {}, {}
+        dot, self.values = set().union(*(i.dot for i in infos)), set().union(*(i.values for i in infos))
+        self.choices, defaults = {}, {}
         for var, bound in tiles.items():  # bound: the next power of two of the tile's bound, or None
             lo, cap = (16, 256) if var in dot else (1, 16384)
             hi = max(lo, min(bound or cap, cap))
-            choices[f"block_{var}"] = [1 << k for k in range(lo.bit_length() - 1, hi.bit_length())]
+            self.choices[f"block_{var}"] = [1 << k for k in range(lo.bit_length() - 1, hi.bit_length())]
             defaults[f"block_{var}"] = min(64 if var in dot else 1024, hi)
         for name, (options, default, where) in KNOBS.items():
             if where is None or any(getattr(i, where) for i in infos):
-                choices[name], defaults[name] = options, default
+                self.choices[name], defaults[name] = options, default
         for name, options in tunables.items():
-            choices[name], defaults[name] = list(options), options[0]
-        space = Space(choices, values)
-        space.defaults = space.shrink({k: defaults[k] for k in choices})
-        return space
+            self.choices[name], defaults[name] = list(options), options[0]
+        self.defaults = self.shrink({k: defaults[k] for k in self.choices})
 
     def elements(self, config: dict, shape: tuple) -> int:
         return math.prod(config.get(f"block_{d}", 1) if isinstance(d, str) else d for d in shape)

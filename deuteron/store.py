@@ -24,10 +24,6 @@ from .lower import next_pow2
 VERSION = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))).hexdigest()[:16]
 
 
-def directory() -> Path:
-    return Path(os.environ.get("DEUTERON_CACHE_DIR") or default_dir() / "deuteron")
-
-
 def arg_key(a):
     """An argument's part of the key: a tensor's dtype, shape bucket, alignment and unit strides; an int's bucket."""
     if isinstance(a, torch.Tensor):
@@ -48,7 +44,7 @@ def key(fn, args, kwargs) -> dict:
 
 def path(k: dict) -> Path:
     digest = hashlib.sha256(json.dumps(k, sort_keys=True).encode()).hexdigest()[:24]
-    return directory() / f"{k['program']}-{digest}.json"
+    return Path(os.environ.get("DEUTERON_CACHE_DIR") or default_dir() / "deuteron") / f"{k['program']}-{digest}.json"
 
 
 def load(k: dict, space) -> dict | None:
