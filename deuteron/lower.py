@@ -9,6 +9,7 @@ sizes, which the host code knows, prove that the block divides the bound.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import NamedTuple
 
 import torch
 
+import newtc
 from newtc import ast as A
 from newtc.errors import NkError, Span
 from newtc.types import DType
@@ -120,7 +122,11 @@ class Lowered:
     file: str  # the generated file's name
     linemap: dict  # generated line -> Span in the tile program
     info: Info
-    kernel: object = None  # the newt kernel, once compiled
+
+    @functools.cached_property
+    def kernel(self):
+        """The newt kernel: the text through newt's parser, checker and passes, once (not for its text alone)."""
+        return getattr(self.run(newtc.compile, self.text, self.file), self.name)
 
     def args(self, env) -> list:
         return [env[s[1]] if s[0] == "value" else getattr(env[s[1]], s[0])(s[2]) for _, s in self.params]
@@ -149,17 +155,12 @@ class Lower:
         self.info, self.called = Info(), set()
 
     def fresh(self, base: str, key=None) -> str:
-        """A name no one uses, the same one for the same key."""
-        if key in self.memo:
-            return self.memo[key]
-        name, n = base, 1
-        while name in self.taken:
-            n += 1
-            name = f"{base}{n}"
-        self.taken.add(name)
-        if key is not None:
-            self.memo[key] = name
-        return name
+        """A name no one uses (base, base2, base3, ...), the same one for the same key."""
+        if key is None or key not in self.memo:
+            candidates = itertools.chain([base], (f"{base}{i}" for i in itertools.count(2)))
+            self.memo[key] = next(n for n in candidates if n not in self.taken)
+            self.taken.add(self.memo[key])
+        return self.memo[key]
 
     def param(self, base: str, source) -> str:
         name = self.fresh(base, source)

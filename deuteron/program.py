@@ -9,10 +9,10 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-import newtc
 from newtc import ast as A
 from newtc.cli import stage_text
 from newtc.errors import NkError, flag
@@ -30,23 +30,22 @@ def signature(args, kwargs) -> tuple:
     return (*map(one, args), *((k, one(v)) for k, v in kwargs.items()))
 
 
-class Launch:
+class Launch(NamedTuple):
     """One kernel launch of a call, its arguments bound; calling it launches."""
-
-    def __init__(self, low: lower.Lowered, args: list):
-        self.low, self.kernel, self.grid, self.args, self.meta = low, low.kernel, low.grid, args, low.meta
+    low: lower.Lowered
+    args: list
 
     def __call__(self):
-        self.low.run(self.kernel[(self.grid,)], *self.args, **self.meta)
+        self.low.run(self.low.kernel[(self.low.grid,)], *self.args, **self.low.meta)
 
     def compile(self, until: str = "cubin", arch: str = "sm_90a"):
         """newt's pipeline output (newtc.compiler.Output) for this launch; no GPU needed."""
-        return self.low.run(self.kernel.output, self.args, self.meta, until, arch)
+        return self.low.run(self.low.kernel.output, self.args, self.low.meta, until, arch)
 
     def stage(self, emit: str, arch: str = "sm_90a") -> str:
         """What `newtc --emit` prints for this launch: ir, cuda, ptx or sass."""
-        spec = self.kernel.specialize(self.args, self.meta, arch)
-        return self.low.run(stage_text, self.kernel.module.ast, self.kernel.name, spec, emit)
+        kernel = self.low.kernel
+        return self.low.run(stage_text, kernel.module.ast, kernel.name, kernel.specialize(self.args, self.low.meta, arch), emit)
 
 
 class Program:
@@ -112,8 +111,7 @@ class TileFunction:
             key = (id(loop), call, tuple(env.get(n) for n in sorted(self.constexprs)))  # and floats passed as constexprs
             if key not in self.lowered:
                 name = self.name if len(self.loops) == 1 else f"{self.name}_{self.loops.index(loop)}"
-                low = self.lowered[key] = lower.Lower(self, env, interp, config, name).lower(loop)
-                low.kernel = getattr(low.run(newtc.compile, low.text, low.file), low.name)
+                self.lowered[key] = lower.Lower(self, env, interp, config, name).lower(loop)
             launches.append(Launch(self.lowered[key], self.lowered[key].args(env)))
 
         interp.hook = grid

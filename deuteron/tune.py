@@ -209,6 +209,7 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
         """Lower here (the parser is not thread-safe), compile in a thread; ready() says why not, or None."""
         try:
             plan = fn.plan(args, kwargs, config)[1]
+            kernels = [launch.low.kernel for launch in plan]  # parsed and checked here: the parser is not thread-safe
         except NkError as e:
             return lambda: f"error: {why(e)}"
         failed, finished = [None], threading.Event()
@@ -216,8 +217,8 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
         def build():  # in a daemon thread: a compile still running when the session ends does not hold up the exit
             with slots:
                 try:
-                    for launch in [] if done.is_set() else plan:
-                        launch.kernel.binary(launch.args, launch.meta, arch)
+                    for kernel, launch in [] if done.is_set() else zip(kernels, plan):
+                        kernel.binary(launch.args, launch.low.meta, arch)
                 except BaseException as e:  # any failure to compile rejects this candidate only
                     failed[0] = f"error: {why(e)}"
                 finished.set()
