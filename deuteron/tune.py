@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from concurrent import futures
+from multiprocessing.pool import ThreadPool
 
 import torch
 
@@ -197,7 +198,7 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
         devices = [first] + [i for i in range(torch.cuda.device_count()) if i != first and torch.cuda.get_device_name(i) == name]
         setup = (fn.program.ast.source, fn.program.filename, fn.name, *copies(args, kwargs, "cpu"))
         pool, arch = Pool(setup, devices), driver.arch(first)  # alike GPUs time alike
-    slots, done, rejected, best = threading.Semaphore(os.cpu_count() or 2), threading.Event(), {}, [float("inf")]
+    compiles, rejected, best = ThreadPool(os.cpu_count() or 2), {}, [float("inf")]  # daemon threads: see prepare
     deadline = begin + (search.EFFORT[effort][2] if budget is None else budget)
     try:
         from tqdm import tqdm
@@ -206,28 +207,21 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
         bar = None
 
     def prepare(config):
-        """Lower here (the parser is not thread-safe), compile in a thread; ready() says why not, or None."""
+        """Lower, parse and check here (the parser is not thread-safe), then NVRTC in a daemon thread of `compiles`
+        (one still running when the session ends does not hold up the exit); ready() says why it failed, or None."""
         try:
-            plan = fn.plan(args, kwargs, config)[1]
-            kernels = [launch.low.kernel for launch in plan]  # parsed and checked here: the parser is not thread-safe
+            plan = [(launch.low.kernel, launch) for launch in fn.plan(args, kwargs, config)[1]]
         except NkError as e:
             return lambda: f"error: {why(e)}"
-        failed, finished = [None], threading.Event()
+        job = compiles.apply_async(lambda: [kernel.binary(launch.args, launch.low.meta, arch) for kernel, launch in plan])
 
-        def build():  # in a daemon thread: a compile still running when the session ends does not hold up the exit
-            with slots:
-                try:
-                    for kernel, launch in [] if done.is_set() else zip(kernels, plan):
-                        kernel.binary(launch.args, launch.low.meta, arch)
-                except BaseException as e:  # any failure to compile rejects this candidate only
-                    failed[0] = f"error: {why(e)}"
-                finished.set()
-        threading.Thread(target=build, daemon=True).start()
-
-        def ready():  # a compile still running well past the budget is not waited for
-            if not finished.wait(max(1.0, min(COMPILE, deadline + 5 - time.monotonic()))):
+        def ready():
+            try:  # a compile still running well past the budget is not waited for
+                job.get(max(1.0, min(COMPILE, deadline + 5 - time.monotonic())))
+            except multiprocessing.TimeoutError:
                 return "error: the compile took too long"
-            return failed[0]
+            except Exception as e:  # noqa: BLE001 - any failure to compile rejects this candidate only
+                return f"error: {why(e)}"
         return ready
 
     def measure(configs, retime=False):
@@ -245,7 +239,7 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
         if bar is not None:
             bar.close()
         pool.close()
-        done.set()
+        compiles.terminate()  # compiles not started are dropped
     info = {"ms": min(t[1] for t in tried.values()), "tried": len(tried), "rejected": len(rejected),
             "seconds": time.monotonic() - begin}
     if info["ms"] == float("inf"):
