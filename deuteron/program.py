@@ -62,18 +62,9 @@ class Program:
         raise AttributeError(f"{self.__dict__.get('filename')} has no tile program '{name}'")
 
 
-def grids(stmts) -> list:
-    """The launch grids among these statements (tile loops outside any other), in program order."""
-    out = []
-    for s in stmts:
-        tiles = isinstance(s, A.For) and lang.is_call(s.iter, "tiles")
-        out += [s] if tiles else grids(getattr(s, "body", []) + getattr(s, "orelse", []))
-    return out
-
-
 class TileFunction:
     def __init__(self, program: Program, d: A.FuncDef):
-        self.program, self.defn, self.name, self.loops = program, d, d.name, grids(d.body)
+        self.program, self.defn, self.name = program, d, d.name
         self.constexprs = {p.name for p in d.params if lang.is_tunable(p) or lang.is_constexpr_annot(p.annotation)}
         self.tunables = lang.Interp(program.defs, None).tunables(d)
         lines = program.ast.source.splitlines()
@@ -110,7 +101,7 @@ class TileFunction:
         def grid(loop, env):
             key = (id(loop), call, tuple(env.get(n) for n in sorted(self.constexprs)))  # and floats passed as constexprs
             if key not in self.lowered:
-                name = self.name if len(self.loops) == 1 else f"{self.name}_{self.loops.index(loop)}"
+                name = f"{self.name}_{len(launches)}" if launches else self.name  # a later grid of the call: name_1, ...
                 self.lowered[key] = lower.Lower(self, env, interp, config, name).lower(loop)
             launches.append(Launch(self.lowered[key], self.lowered[key].args(env)))
 
