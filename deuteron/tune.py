@@ -179,12 +179,8 @@ class Pool:
             return list(threads.map(one, jobs))
 
     def close(self):
-        for proc, conn in self.procs.values():
-            try:
-                conn.send(None)
-                proc.join(timeout=5)
-            finally:
-                self.stop(proc, conn)
+        for proc, conn in self.procs.values():  # idle workers: nothing of theirs is lost
+            self.stop(proc, conn)
         self.procs.clear()
 
 
