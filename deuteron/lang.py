@@ -38,6 +38,12 @@ class _Return(Exception):
         self.value = value
 
 
+def require(ok, message: str, span) -> None:
+    """An error in the tile program at `span`, unless `ok`."""
+    if not ok:
+        raise NkError(message, span)
+
+
 def is_call(e, name: str) -> bool:
     """`name(...)`."""
     return isinstance(e, A.Call) and isinstance(e.func, A.Name) and e.func.id == name
@@ -47,8 +53,8 @@ def header(s: A.For) -> tuple:
     """A loop's kind (tiles, range or static_range) and its names: one per dimension of tiles(...), else one."""
     kind = s.iter.func.id if isinstance(s.iter, A.Call) and isinstance(s.iter.func, A.Name) else None
     names = [t.id for t in (s.target.items if isinstance(s.target, A.TupleExpr) else [s.target])]
-    if kind not in ("tiles", "range", "static_range") or len(names) != (len(s.iter.args) if kind == "tiles" else 1):
-        raise NkError("a loop goes over tiles(...) with a name per dimension, or over range(...)", s.iter.span)
+    require(kind in ("tiles", "range", "static_range") and len(names) == (len(s.iter.args) if kind == "tiles" else 1),
+            "a loop goes over tiles(...) with a name per dimension, or over range(...)", s.iter.span)
     return kind, names
 
 
@@ -86,23 +92,22 @@ class Interp:
         out = {}
         for p in filter(is_tunable, d.params):
             out[p.name] = self.expr(p.default, {}) if p.default else None
-            if not (isinstance(out[p.name], list) and out[p.name]):
-                raise NkError(f"tunable '{p.name}' needs a list of choices: {p.name}: tunable = [1, 2]", p.span)
+            require(isinstance(out[p.name], list) and out[p.name], f"tunable '{p.name}' needs a list of choices: "
+                    f"{p.name}: tunable = [1, 2]", p.span)
         return out
 
     def bind(self, d: A.FuncDef, args, kwargs) -> dict:
         tunables = self.tunables(d)
         params = [p.name for p in d.params if p.name not in tunables]
-        if len(args) > len(params) or set(kwargs) - set(params):
-            raise NkError(f"{d.name}() takes the arguments ({', '.join(params)})", d.span)
+        require(len(args) <= len(params) and set(kwargs) <= set(params),
+                f"{d.name}() takes the arguments ({', '.join(params)})", d.span)
         env = {**dict(zip(params, args)), **kwargs, **{n: self.config.get(n, c[0]) for n, c in tunables.items()}}
         for p in d.params:
             if p.name not in env:
-                if p.default is None:
-                    raise NkError(f"{d.name}() is missing argument '{p.name}'", d.span)
+                require(p.default is not None, f"{d.name}() is missing argument '{p.name}'", d.span)
                 env[p.name] = self.expr(p.default, env)
-            elif is_constexpr_annot(p.annotation) and isinstance(env[p.name], torch.Tensor):
-                raise NkError(f"'{p.name}' is a constexpr: pass a number, bool, string or dtype", p.span)
+            require(not (is_constexpr_annot(p.annotation) and isinstance(env[p.name], torch.Tensor)),
+                    f"'{p.name}' is a constexpr: pass a number, bool, string or dtype", p.span)
         return env
 
     # ---- statements ----------------------------------------------------------------------------
@@ -117,15 +122,14 @@ class Interp:
         self.expr(s.value, env)
 
     def s_Return(self, s, env):
-        if self.depth:
-            raise NkError("`return` belongs to the host code, after the tile loops", s.span)
+        require(not self.depth, "`return` belongs to the host code, after the tile loops", s.span)
         raise _Return(None if s.value is None else self.expr(s.value, env))
 
     def s_Assign(self, s, env):
         value = self.expr(s.value, env)
         values = [value] if len(s.targets) == 1 else value
-        if not isinstance(values, (list, tuple)) or len(values) != len(s.targets):
-            raise NkError(f"cannot unpack into {len(s.targets)} names", s.span)
+        require(isinstance(values, (list, tuple)) and len(values) == len(s.targets),
+                f"cannot unpack into {len(s.targets)} names", s.span)
         for t, v in zip(s.targets, values):
             self.assign(t, v, env)
 
@@ -196,8 +200,7 @@ class Interp:
     def place(self, e: A.Subscript, env):
         """The tensor and torch index of `x[tm, :, i, None]`: a tile is its slice."""
         t, index = self.expr(e.value, env), []
-        if not isinstance(t, torch.Tensor):
-            raise NkError("only tensors take tile subscripts", e.span)
+        require(isinstance(t, torch.Tensor), "only tensors take tile subscripts", e.span)
         for item in e.index:
             if isinstance(item, A.Slice):
                 index.append(slice(*(None if x is None else self.expr(x, env) for x in (item.lower, item.upper, item.step))))
@@ -234,8 +237,7 @@ class Interp:
         args, kwargs = [self.expr(a, env) for a in e.args], {k: self.expr(v, env) for k, v in e.kwargs}
         if f in self.defs:
             return self.call(self.defs[f], args, kwargs)
-        if f not in BUILTINS:
-            raise NkError(f"{f}() is not supported in tile programs" if isinstance(f, str) else "not callable", e.span)
+        require(f in BUILTINS, f"{f}() is not supported in tile programs" if isinstance(f, str) else "not callable", e.span)
         try:
             return BUILTINS[f](self, *args, **kwargs)
         except TypeError as err:
@@ -278,8 +280,7 @@ def _full(it, shape, value, dtype=DTYPES["f32"]):
 
 
 def _static_assert(it, cond, msg=""):
-    if not cond:
-        raise NkError(f"static_assert failed{': ' + msg if msg else ''}")
+    require(cond, f"static_assert failed{': ' + msg if msg else ''}", None)
 
 
 def _floordiv(a, b):

@@ -22,7 +22,7 @@ from newtc import ast as A
 from newtc.errors import NkError, Span
 from newtc.types import DType
 
-from .lang import DTYPE_OF, header, is_call
+from .lang import DTYPE_OF, header, is_call, require
 
 PREC = {"or": 1, "and": 2, "|": 5, "^": 6, "&": 7, "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "//": 10,
         "%": 10, "@": 10, **dict.fromkeys(["<", "<=", ">", ">=", "==", "!="], 4)}
@@ -188,8 +188,7 @@ class Lower:
             n = None if names_in(e) & set(self.env) else self.interp.expr(e, self.host)
         except (NkError, TypeError, ValueError, AttributeError, IndexError, KeyError):
             n = None
-        if what and not isinstance(n, int):
-            raise NkError(f"{what} must be an int the host code knows", e.span)
+        require(not what or isinstance(n, int), f"{what} must be an int the host code knows", e.span)
         return n if isinstance(n, int) else None
 
     # ---- the grid ------------------------------------------------------------------------------
@@ -314,14 +313,12 @@ class Lower:
             ptr, m, _ = self.place(s.targets[0])
             return self.line(f"store({ptr}, {e.text}{f', mask={m}' if m else ''})")
         for t in s.targets:
-            if not isinstance(t, A.Name):
-                raise NkError("assign to names, or to a tensor's tile such as out[tm, tn]", t.span)
+            require(isinstance(t, A.Name), "assign to names, or to a tensor's tile such as out[tm, tn]", t.span)
             self.env[t.id] = E(t.id, e.dims)
         self.line(f"{', '.join(t.id for t in s.targets)} = {e.text}")
 
     def s_AugAssign(self, s):
-        if not isinstance(s.target, A.Name):
-            raise NkError("only names take augmented assignment in a tile loop", s.span)
+        require(isinstance(s.target, A.Name), "only names take augmented assignment in a tile loop", s.span)
         v = s.value
         if s.op == "+" and isinstance(v, A.BinOp) and v.op == "@":  # accumulate in the dot itself
             return self.line(f"{s.target.id} = {self.dot(v.left, v.right, s.target, v.span).text}")
@@ -353,8 +350,7 @@ class Lower:
     # ---- expressions ---------------------------------------------------------------------------
     def expr(self, e) -> E:
         lower = getattr(self, "e_" + type(e).__name__, None)
-        if lower is None:
-            raise NkError(f"{type(e).__name__} is not supported in a tile loop", e.span)
+        require(lower, f"{type(e).__name__} is not supported in a tile loop", e.span)
         out = lower(e)
         if out.dims:
             self.info.values.add(tuple(d.var or d.size for d in out.dims if d))
@@ -362,8 +358,7 @@ class Lower:
 
     def scalar(self, e) -> E:
         out = self.expr(e)
-        if out.dims:
-            raise NkError("expected a scalar here, not a tile", e.span)
+        require(not out.dims, "expected a scalar here, not a tile", e.span)
         return out
 
     def e_Num(self, e):
@@ -387,9 +382,10 @@ class Lower:
     def tensor(self, e) -> torch.Tensor | None:
         """The host code's tensor that e names, or None."""
         v = self.host.get(e.id) if isinstance(e, A.Name) and e.id not in self.env else None
-        if isinstance(v, torch.Tensor) and v.dtype not in DTYPE_OF:
-            raise NkError(f"tensors of {v.dtype} are not supported", e.span)
-        return v if isinstance(v, torch.Tensor) else None
+        if not isinstance(v, torch.Tensor):
+            return None
+        require(v.dtype in DTYPE_OF, f"tensors of {v.dtype} are not supported", e.span)
+        return v
 
     def e_Attribute(self, e):
         v = self.env.get(e.value.id) if isinstance(e.value, A.Name) else None
@@ -413,8 +409,7 @@ class Lower:
         v, dims, items = self.expr(e.value), [], []
         axes = iter(v.dims)
         for item in e.index:  # a computed tile takes `:` and None
-            if not (is_whole(item) or is_none(item)):
-                raise NkError("a computed tile takes only `:` and `None` as indices", item.span)
+            require(is_whole(item) or is_none(item), "a computed tile takes only `:` and `None` as indices", item.span)
             dims.append(next(axes, None) if is_whole(item) else None)
             items.append(":" if is_whole(item) else "None")
         return E(f"{par(v, ATOM)}[{', '.join(items)}]", tuple(dims))
@@ -422,8 +417,7 @@ class Lower:
     def place(self, e: A.Subscript):
         """The pointers, mask and dims of `x[tm, :, i, None]` for a host tensor x."""
         t = self.tensor(e.value)
-        if t is None:
-            raise NkError("tiles index the host code's tensors", e.value.span)
+        require(t is not None, "tiles index the host code's tensors", e.value.span)
         x, dims, offsets = e.value.id, [], []  # offsets: per dimension of x, an axis of dims or a scalar E
         for item in e.index:
             v = self.env.get(item.id) if isinstance(item, A.Name) else None
@@ -431,17 +425,14 @@ class Lower:
                 dims.append(None)
                 continue
             d = len(offsets)
-            if d == t.dim():
-                raise NkError(f"too many indices for a tensor of rank {t.dim()}", e.span)
-            if isinstance(item, A.Slice) and not is_whole(item):
-                raise NkError("a tensor takes `:` (a whole dimension), not a range", item.span)
+            require(d < t.dim(), f"too many indices for a tensor of rank {t.dim()}", e.span)
+            require(is_whole(item) or not isinstance(item, A.Slice), "a tensor takes `:` (a whole dimension), not a range", item.span)
             if is_whole(item) or isinstance(v, TileVar):
                 dims.append(self.whole(self.param(f"{x}_size{d}", ("size", x, d)), t.shape[d]) if is_whole(item) else v.dim)
                 offsets.append(len(dims) - 1)
             else:
                 offsets.append(self.scalar(item))
-        if len(offsets) != t.dim():
-            raise NkError(f"{len(offsets)} indices for a tensor of rank {t.dim()}", e.span)
+        require(len(offsets) == t.dim(), f"{len(offsets)} indices for a tensor of rank {t.dim()}", e.span)
         parts = [x]
         for d, i in enumerate(offsets):
             idx = par(E(dims[i].index + bc(i, len(dims))) if isinstance(i, int) else i, PREC["*"])
@@ -465,8 +456,7 @@ class Lower:
     def dot(self, an, bn, acc, span) -> E:
         """a @ b, accumulating into acc where there is one; the nodes of a, b and acc."""
         a, b = self.expr(an), self.expr(bn)
-        if len(a.dims) != 2 or len(b.dims) != 2:
-            raise NkError("`@` multiplies two 2-D tiles", span)
+        require(len(a.dims) == len(b.dims) == 2, "`@` multiplies two 2-D tiles", span)
         texts = []
         for v, k in ((a, 1), (b, 0)):  # K is a's axis 1 and b's axis 0
             m = None if v.zero else mask(v.dims, [k])
@@ -486,8 +476,7 @@ class Lower:
         if f and f.startswith("atomic_") and e.args and isinstance(e.args[0], A.Subscript):
             ptr, m, _ = self.place(e.args[0])
             return E(f"{f}({', '.join([ptr] + [self.expr(a).text for a in e.args[1:]])}{f', mask={m}' if m else ''})")
-        if f in ("reshape", "broadcast_to", "tiles"):
-            raise NkError(f"{f}() is not supported in a tile loop", e.span)
+        require(f not in ("reshape", "broadcast_to", "tiles"), f"{f}() is not supported in a tile loop", e.span)
         func, args = self.expr(e.func), [self.expr(a) for a in e.args]
         self.called.add(f)
         dims = broadcast(*(a.dims for a in args))
