@@ -11,7 +11,6 @@ import statistics
 import sys
 import threading
 import time
-from concurrent import futures
 from multiprocessing.pool import ThreadPool
 
 import torch
@@ -169,14 +168,10 @@ class Pool:
 
         def one(item):
             failed = item[0]()
-            if failed:
-                return float("inf"), failed
-            if not hasattr(mine, "device"):  # a thread per device: each takes one for good
-                mine.device = free.pop()
-            return self.run_on(mine.device, item[1])
+            return (float("inf"), failed) if failed else self.run_on(mine.device, item[1])
 
-        with futures.ThreadPoolExecutor(len(self.devices)) as threads:  # an NkError (no worker starts) ends it
-            return list(threads.map(one, jobs))
+        with ThreadPool(len(self.devices), lambda: setattr(mine, "device", free.pop())) as threads:  # one per device
+            return threads.map(one, jobs, chunksize=1)  # an NkError (no worker starts) ends it
 
     def close(self):
         for proc, conn in self.procs.values():  # idle workers: nothing of theirs is lost
