@@ -58,17 +58,14 @@ def main(argv=None) -> int:
     except SystemExit as e:  # argparse: 2 for bad usage, 0 for --help
         return e.code if isinstance(e.code, int) else 1
     try:
-        prog = load(args.file)
-        name = args.kernel or (next(iter(prog.fns)) if len(prog.fns) == 1 else None)
-        if name not in prog.fns:
-            raise NkError(f"pick a tile program of {args.file} with -k", None, f"tile programs: {', '.join(prog.fns) or 'none'}")
-        fn = prog.fns[name]
+        fns = load(args.file).fns
+        fn = fns.get(args.kernel or (next(iter(fns)) if len(fns) == 1 else None))
+        if fn is None:
+            raise NkError(f"pick a tile program of {args.file} with -k", None, f"tile programs: {', '.join(fns) or 'none'}")
         config = {**fn.space(**kwargs).default(), **config}
-        if args.emit == "nk":
-            out = fn.source(config=config, **kwargs)
-        else:
-            out = "\n".join(launch.stage(args.emit, args.arch) for launch in fn.plan((), kwargs, config)[1])
-        sys.stdout.write(out if out.endswith("\n") else out + "\n")
+        plan = fn.plan((), kwargs, config)[1]
+        texts = [launch.low.text if args.emit == "nk" else launch.stage(args.emit, args.arch) for launch in plan]
+        print("\n".join(texts).rstrip("\n"))
         return 0
     except (NkError, OSError) as e:
         print(e.render() if isinstance(e, NkError) else f"deuteron: cannot read {args.file}: {e.strerror}", file=sys.stderr)

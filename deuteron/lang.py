@@ -92,8 +92,8 @@ class Interp:
         out = {}
         for p in filter(is_tunable, d.params):
             out[p.name] = self.expr(p.default, {}) if p.default else None
-            require(isinstance(out[p.name], list) and out[p.name], f"tunable '{p.name}' needs a list of choices: "
-                    f"{p.name}: tunable = [1, 2]", p.span)
+            require(isinstance(out[p.name], list) and out[p.name],
+                    f"tunable '{p.name}' needs a list of choices: {p.name}: tunable = [1, 2]", p.span)
         return out
 
     def bind(self, d: A.FuncDef, args, kwargs) -> dict:
