@@ -193,21 +193,18 @@ class Lower:
 
     # ---- the grid ------------------------------------------------------------------------------
     def lower(self, loop: A.For) -> Lowered:
-        self.span = loop.span
-        dims, grid = [], 1  # (variable, bound, Dim or None for grid(n)); programs
+        self.span, dims, counts, grid = loop.span, [], [], 1  # dims: (variable, bound, Dim or None for grid(n))
+        persistent, several = bool(self.config.get("persistent")), len(loop.iter.args) > 1
         for name, arg in zip(header(loop)[1], loop.iter.args):
             node = arg.args[0] if is_call(arg, "grid") else arg
             bound, n = self.scalar(node), self.known(node, "a grid's size")
             d = self.tile(name, arg, bound) if node is arg else None
             dims.append((name, bound.text, d))
             grid *= -(-n // d.size) if d else n
-        self.info.group = len(dims) > 1 and None not in (dims[-1][2], dims[-2][2])
+            count = bound.text if d is None else f"cdiv({bound.text}, {d.block})"  # programs along the dimension
+            counts.append(self.let(f"n_{name}", count) if d and (several or persistent) else count)  # named: used again
+        self.info.group = several and None not in (dims[-1][2], dims[-2][2])
         group = self.config.get("group", 1) if self.info.group else 1
-        persistent = bool(self.config.get("persistent"))
-        counts = []  # programs along each dimension, named where used more than once
-        for v, bound, d in dims:
-            count = bound if d is None else f"cdiv({bound}, {d.block})"
-            counts.append(self.let(f"n_{v}", count) if d and (len(dims) > 1 or persistent) else count)
         pid = self.fresh("pid")
         if persistent:  # one program per SM walks the tiles
             self.line(f"for {pid} in range(program_id(0), {' * '.join(counts)}, num_programs(0)):")
