@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -102,26 +101,21 @@ def is_none(item) -> bool:
     return isinstance(item, A.Const) and item.value is None
 
 
-@dataclass
-class Info:
-    """What the search space is derived from."""
-    tiles: dict = field(default_factory=dict)  # tile variable -> the next power of two of its bound (or None)
-    dot: set = field(default_factory=set)  # tile variables that are dot dimensions
-    values: set = field(default_factory=set)  # block shapes: tuples of tile variables and whole sizes
-    loops: bool = False  # an in-kernel tile loop
-    group: bool = False  # the grid's last two dimensions are tiles
-
-
-@dataclass
 class Lowered:
-    text: str
-    name: str  # the kernel's
-    params: list  # (name, source): ("value", host name) | ("size" | "stride", tensor, dim)
-    meta: dict  # the launch's keywords: the constexprs, num_warps and num_stages
-    grid: int  # programs launched
-    file: str  # the generated file's name
-    linemap: dict  # generated line -> Span in the tile program
-    info: Info
+    """A launch grid of a tile program lowered for one call: the kernel's `text`, launched on `grid` programs with
+    `args(env)` and `meta`, and what the search space is derived from. `host` holds the host code's values at the
+    grid while lowering; they are not kept."""
+
+    def __init__(self, fn, host: dict, interp, config: dict, name: str, loop: A.For):
+        self.fn, self.host, self.interp, self.config, self.name = fn, host, interp, config, name
+        self.taken, self.span, self.file = set(fn.taken), fn.defn.span, f"{fn.program.ast.file}~{name}.nk"
+        self.lines, self.preamble, self.depth = [], [], 1  # (depth, text, span)
+        self.params, self.consts, self.memo, self.env, self.rindex = {}, {}, {}, {}, {}  # params: name -> source
+        # for the search space: each tile's bound (its next power of two, or None), the tiles of dots, the block
+        # shapes (tuples of tiles and whole sizes), an in-kernel tile loop, the grid's last two dimensions tiles
+        self.tiles, self.dot_tiles, self.values, self.loops, self.group = {}, set(), set(), False, False
+        self.lower(loop)
+        self.host = self.interp = None
 
     @functools.cached_property
     def kernel(self):
@@ -129,7 +123,8 @@ class Lowered:
         return getattr(self.run(newtc.compile, self.text, self.file), self.name)
 
     def args(self, env) -> list:
-        return [env[s[1]] if s[0] == "value" else getattr(env[s[1]], s[0])(s[2]) for _, s in self.params]
+        """The kernel's runtime arguments: a source is ("value", host name) | ("size" | "stride", tensor, dim)."""
+        return [env[s[1]] if s[0] == "value" else getattr(env[s[1]], s[0])(s[2]) for s in self.params.values()]
 
     def run(self, step, *args, **kwargs):
         """step(*args, **kwargs), an error in the generated kernel reported at the tile program's line."""
@@ -142,17 +137,6 @@ class Lowered:
             here = self.text.splitlines()[d.span.line - 1].split("  # ")[0].strip()
             hint = "; ".join(filter(None, [d.hint, f"in the generated kernel: {here}"]))
             raise NkError(d.message, self.linemap.get(d.span.line), hint) from None
-
-
-class Lower:
-    """Lowers a grid of `fn` (a program.TileFunction) for a call: `host` holds the host code's values there."""
-
-    def __init__(self, fn, host: dict, interp, config: dict, name: str):
-        self.fn, self.host, self.interp, self.config, self.name = fn, host, interp, config, name
-        self.taken, self.span = set(fn.taken), fn.defn.span
-        self.lines, self.preamble, self.depth = [], [], 1  # (depth, text, span)
-        self.params, self.consts, self.memo, self.env, self.rindex = {}, {}, {}, {}, {}
-        self.info, self.called = Info(), set()
 
     def fresh(self, base: str, key=None) -> str:
         """A name no one uses (base, base2, base3, ...), the same one for the same key."""
@@ -192,7 +176,7 @@ class Lower:
         return n if isinstance(n, int) else None
 
     # ---- the grid ------------------------------------------------------------------------------
-    def lower(self, loop: A.For) -> Lowered:
+    def lower(self, loop: A.For) -> None:
         self.span, dims, counts, grid = loop.span, [], [], 1  # dims: (variable, bound, Dim or None for grid(n))
         persistent, several = bool(self.config.get("persistent")), len(loop.iter.args) > 1
         for name, arg in zip(header(loop)[1], loop.iter.args):
@@ -203,8 +187,8 @@ class Lower:
             grid *= -(-n // d.size) if d else n
             count = bound.text if d is None else f"cdiv({bound.text}, {d.block})"  # programs along the dimension
             counts.append(self.let(f"n_{name}", count) if d and (several or persistent) else count)  # named: used again
-        self.info.group = several and None not in (dims[-1][2], dims[-2][2])
-        group = self.config.get("group", 1) if self.info.group else 1
+        self.group = several and None not in (dims[-1][2], dims[-2][2])
+        group = self.config.get("group", 1) if self.group else 1
         pid = self.fresh("pid")
         if persistent:  # one program per SM walks the tiles
             self.line(f"for {pid} in range(program_id(0), {' * '.join(counts)}, num_programs(0)):")
@@ -225,7 +209,7 @@ class Lower:
             else:
                 self.enter(v, d, E(f"{p} * {d.block}", (), PREC["*"]), bound)
         self.block(loop.body)
-        return self.finish(grid)
+        self.finish(grid, loop)
 
     def unflatten(self, pid: str, names: list, counts: list) -> None:
         """The index along each dimension from the flat program id, row-major: the last dimension moves fastest."""
@@ -247,7 +231,7 @@ class Lower:
     def tile(self, name: str, node, bound: E) -> Dim:
         """A tile loop's block; it is not masked where the host code's sizes show that the block divides the bound."""
         size, n = self.config.get(f"block_{name}", 1), self.known(node)
-        self.info.tiles[name] = None if n is None else next_pow2(n)
+        self.tiles[name] = None if n is None else next_pow2(n)
         block = self.const(f"BLOCK_{name.upper()}", size, ("block", name))
         return Dim(name, block, None if n is not None and n % size == 0 else bound.text, name, size)
 
@@ -265,24 +249,25 @@ class Lower:
             self.preamble.append((1, f"{index} = arange(0, {self.rindex[np2][1]})", self.span))
         return Dim(*self.rindex[np2], None if n == np2 else bound, None, np2)
 
-    def finish(self, grid: int) -> Lowered:
+    def finish(self, grid: int, loop: A.For) -> None:
         module, fn = self.fn.program.ast, self.fn.defn
         file, short = module.file, Path(module.file).name
-        order = sorted(self.params, key=lambda n: not isinstance(self.host.get(n), torch.Tensor))  # tensors first
+        tensors_first = sorted(self.params, key=lambda n: not isinstance(self.host.get(n), torch.Tensor))
+        self.params = {n: self.params[n] for n in tensors_first}
         config = json.dumps(self.config, default=str)
         out = [(f"# deuteron: tile {fn.name} ({short}:{fn.span.line}), config {config}", None)]  # (text, Span)
         defs = {d.name: d for d in module.defs if d.kind == "def"}
-        used = self.called & set(defs)
+        used = names_in(loop.body) & set(defs)
         while more := {m for n in used for m in names_in(defs[n].body) if m in defs} - used:  # helpers' helpers
             used |= more
         src = module.source.splitlines()
         for d in (d for d in defs.values() if d.name in used):  # as written
             out += [(src[k - 1], Span(file, k, 1)) for k in range(d.span.line, d.span.end_line + 1)] + [("", None)]
-        out.append((f"kernel {self.name}({', '.join(order + [f'{n}: constexpr' for n in self.consts])}):", self.span))
+        out.append((f"kernel {self.name}({', '.join([*self.params, *(f'{n}: constexpr' for n in self.consts)])}):", self.span))
         out += [(f"{'    ' * depth}{text}  # {short}:{span.line}", span) for depth, text, span in self.preamble + self.lines]
-        meta = {**self.consts, "num_warps": self.config.get("num_warps", 4), "num_stages": self.config.get("num_stages", 1)}
-        return Lowered("\n".join(text for text, _ in out) + "\n", self.name, [(n, self.params[n]) for n in order], meta,
-                       grid, f"{file}~{self.name}.nk", {i: span for i, (_, span) in enumerate(out, 1) if span}, self.info)
+        self.meta = {**self.consts, "num_warps": self.config.get("num_warps", 4), "num_stages": self.config.get("num_stages", 1)}
+        self.text, self.grid = "\n".join(text for text, _ in out) + "\n", grid
+        self.linemap = {i: span for i, (_, span) in enumerate(out, 1) if span}  # generated line -> Span in the tile program
 
     # ---- statements ----------------------------------------------------------------------------
     def block(self, stmts):
@@ -334,7 +319,7 @@ class Lower:
             self.line(f"for {names[0]} in {kind}({', '.join(self.scalar(a).text for a in s.iter.args)}):")
             self.env[names[0]] = E(names[0])
             return self.nested(s.body)
-        self.info.loops = True
+        self.loops = True
         for name, arg in zip(names, s.iter.args):  # one in-kernel loop per dimension
             bound = self.scalar(arg)
             dim, begin = self.tile(name, arg, bound), self.fresh(f"{name}_begin")
@@ -350,7 +335,7 @@ class Lower:
         require(lower, f"{type(e).__name__} is not supported in a tile loop", e.span)
         out = lower(e)
         if out.dims:
-            self.info.values.add(tuple(d.var or d.size for d in out.dims if d))
+            self.values.add(tuple(d.var or d.size for d in out.dims if d))
         return out
 
     def scalar(self, e) -> E:
@@ -458,7 +443,7 @@ class Lower:
         for v, k in ((a, 1), (b, 0)):  # K is a's axis 1 and b's axis 0
             m = None if v.zero else mask(v.dims, [k])
             texts.append(f"where({m}, {v.text}, 0)" if m else v.text)
-        self.info.dot |= {d.var for d in (a.dims[0], a.dims[1], b.dims[1]) if d and d.var}
+        self.dot_tiles |= {d.var for d in (a.dims[0], a.dims[1], b.dims[1]) if d and d.var}
         return E(f"dot({', '.join(texts + ([self.expr(acc).text] if acc else []))})", (a.dims[0], b.dims[1]))
 
     def e_Call(self, e):
@@ -475,7 +460,6 @@ class Lower:
             return E(f"{f}({', '.join([ptr] + [self.expr(a).text for a in e.args[1:]])}{f', mask={m}' if m else ''})")
         require(f not in ("reshape", "broadcast_to", "tiles"), f"{f}() is not supported in a tile loop", e.span)
         func, args = self.expr(e.func), [self.expr(a) for a in e.args]
-        self.called.add(f)
         dims = broadcast(*(a.dims for a in args))
         if f == "trans":
             dims = tuple(args[0].dims[int(a.text)] for a in args[1:]) or tuple(reversed(args[0].dims))

@@ -102,7 +102,7 @@ class TileFunction:
             key = (id(loop), call, tuple(env.get(n) for n in sorted(self.constexprs)))  # and floats passed as constexprs
             if key not in self.lowered:
                 name = f"{self.name}_{len(launches)}" if launches else self.name  # a later grid of the call: name_1, ...
-                self.lowered[key] = lower.Lower(self, env, interp, config, name).lower(loop)
+                self.lowered[key] = lower.Lowered(self, env, interp, config, name, loop)
             launches.append(Launch(self.lowered[key], self.lowered[key].args(env)))
 
         interp.hook = grid
@@ -110,7 +110,7 @@ class TileFunction:
 
     def space(self, *args, **kwargs) -> search.Space:
         """The search space of this specialization, derived from what the lowering sees."""
-        return search.Space([launch.low.info for launch in self.plan(args, kwargs, {})[1]], self.tunables)
+        return search.Space([launch.low for launch in self.plan(args, kwargs, {})[1]], self.tunables)
 
     def pin(self, config: dict | None) -> None:
         """Use this config for every call (None: back to tuning)."""

@@ -16,7 +16,7 @@ import time
 
 PER_THREAD = 128  # elements a block may hold per thread
 EFFORT = {"quick": (12, 1, 40.0), "full": (48, 2, 600.0)}  # population, move radius, seconds
-# The knobs besides block sizes: their choices, default, and the lower.Info field saying where they apply (None: always).
+# The knobs besides block sizes: their choices, default, and the lower.Lowered field saying where they apply (None: always).
 KNOBS = {"num_warps": ([1, 2, 4, 8, 16], 4, None), "num_stages": ([1, 2, 3, 4], 2, "loops"),
          "persistent": ([False, True], False, "loops"), "group": ([1, 4, 8, 16], 8, "group")}
 
@@ -26,11 +26,11 @@ def key(config: dict) -> str:
 
 
 class Space:
-    """The configs of a call, derived from what the lowering saw of each of its grids (lower.Info)."""
+    """The configs of a call, derived from what the lowering saw of each of its grids (lower.Lowered)."""
 
     def __init__(self, infos: list, tunables: dict):
         tiles = {var: bound for info in infos for var, bound in info.tiles.items()}
-        dot, self.values = set().union(*(i.dot for i in infos)), set().union(*(i.values for i in infos))
+        dot, self.values = set().union(*(i.dot_tiles for i in infos)), set().union(*(i.values for i in infos))
         self.choices, defaults = {}, {}
         for var, bound in tiles.items():  # bound: the next power of two of the tile's bound, or None
             lo, cap = (16, 256) if var in dot else (1, 16384)
