@@ -210,10 +210,7 @@ class Interp:
         return t, tuple(index)
 
     def e_UnaryOp(self, e, env):
-        v = self.expr(e.operand, env)
-        if isinstance(v, torch.Tensor) and e.op == "not":
-            return torch.logical_not(v)
-        return {"-": operator.neg, "+": operator.pos, "~": operator.invert, "not": operator.not_}[e.op](v)
+        return UNARY[e.op](self.expr(e.operand, env))
 
     def e_BinOp(self, e, env):
         a = self.expr(e.left, env)
@@ -292,6 +289,8 @@ OPS = {**{op: getattr(operator, name) for op, name in [
     ("+", "add"), ("-", "sub"), ("*", "mul"), ("/", "truediv"), ("<<", "lshift"), (">>", "rshift"), ("&", "and_"),
     ("|", "or_"), ("^", "xor"), ("<", "lt"), ("<=", "le"), (">", "gt"), (">=", "ge"), ("==", "eq"), ("!=", "ne")]},
     "//": _floordiv, "%": torch.fmod, "@": lambda a, b: _dot(None, a, b), "and": torch.logical_and, "or": torch.logical_or}  # fmod: C's %
+UNARY = {"-": operator.neg, "+": operator.pos, "~": operator.invert,
+         "not": lambda v: torch.logical_not(v) if isinstance(v, torch.Tensor) else not v}
 BUILTINS = {
     **{n: _math(n) for n in "exp exp2 log log2 sqrt rsqrt sin cos tanh sigmoid erf floor ceil abs".split()},
     **{n: _reduce(n) for n in ("sum", "max", "min", "argmax", "argmin")},
