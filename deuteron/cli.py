@@ -20,8 +20,6 @@ examples:
   deuteron examples/tiles.nk -k softmax --sig 'x=f32[8192,1000]' --config '{"block_tm": 2, "num_warps": 8}'
   deuteron examples/tiles.nk -k layernorm --sig 'x=f16[4096,4096], w=f16[4096], b=f16[4096], eps=1e-5' --emit cuda
 
---sig gives each argument: a tensor as DTYPE[SIZES] (contiguous), anything else as a Python literal.
---config takes the JSON the autotuner prints; the values it leaves out are the default config's.
 exit status: 0 ok, 1 an error in the input (shown as FILE:LINE:COL diagnostics), 2 bad usage.
 """
 
@@ -44,8 +42,10 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", metavar="FILE.nk")
     p.add_argument("-k", "--kernel", metavar="NAME", help="the tile program (default: the file's only one)")
-    p.add_argument("--sig", action="append", default=[], metavar="NAME=TYPE,...", help="the call's arguments")
-    p.add_argument("--config", default="{}", metavar="JSON", help="the config (default: the default config)")
+    p.add_argument("--sig", action="append", default=[], metavar="NAME=TYPE,...",
+                   help="the call's arguments: a tensor as DTYPE[SIZES] (contiguous), anything else as a Python literal")
+    p.add_argument("--config", default="{}", metavar="JSON",
+                   help="the JSON the autotuner prints; what it leaves out is the default config's")
     p.add_argument("--emit", choices=["nk", "ir", "cuda", "ptx", "sass"], default="nk", help="what to print (default: nk)")
     p.add_argument("--arch", default="sm_90a", help="GPU architecture for ptx/sass (default: sm_90a)")
     try:

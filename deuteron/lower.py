@@ -388,13 +388,12 @@ class Lowered:
         if self.tensor(e.value) is not None:
             ptr, m, dims = self.place(e)
             return E(f"load({ptr}{f', mask={m}, other=0' if m else ''})", dims, zero=True)
-        v, dims, items = self.expr(e.value), [], []
-        axes = iter(v.dims)
+        v = self.expr(e.value)
         for item in e.index:  # a computed tile takes `:` and None
             require(is_whole(item) or is_none(item), "a computed tile takes only `:` and `None` as indices", item.span)
-            dims.append(next(axes, None) if is_whole(item) else None)
-            items.append(":" if is_whole(item) else "None")
-        return E(f"{par(v, ATOM)}[{', '.join(items)}]", tuple(dims))
+        axes = iter(v.dims)
+        dims = tuple(next(axes, None) if is_whole(item) else None for item in e.index)
+        return E(f"{par(v, ATOM)}[{', '.join(':' if is_whole(i) else 'None' for i in e.index)}]", dims)
 
     def place(self, e: A.Subscript):
         """The pointers, mask and dims of `x[tm, :, i, None]` for a host tensor x."""
