@@ -423,10 +423,8 @@ class Lowered:
         return " + ".join(parts), mask(tuple(dims)), tuple(dims)
 
     def e_UnaryOp(self, e):
-        v = self.expr(e.operand)
-        if e.op == "not":
-            return E(f"not {par(v, 3)}", v.dims, 3)
-        return E(f"{e.op}{par(v, 11)}", v.dims, 11)
+        v, p = self.expr(e.operand), 3 if e.op == "not" else 11
+        return E(f"{e.op}{' ' * (p == 3)}{par(v, p)}", v.dims, p)
 
     def e_BinOp(self, e):
         if e.op == "@":
@@ -483,10 +481,8 @@ class Lowered:
         return E(f"{f}([{', '.join(d.block for d in dims)}]{''.join(', ' + r for r in rest)})", dims)
 
     def shape_dim(self, item) -> Dim:
-        """A dimension of the block zeros() or full() makes: a tile, a literal, or a whole size the host knows."""
+        """A dimension of the block zeros() or full() makes: a tile, or a whole size the host knows (x.shape[i], 16)."""
         v = self.env.get(item.id) if isinstance(item, A.Name) else None
         if isinstance(v, TileVar):
             return v.dim
-        if isinstance(item, A.Num):
-            return Dim("", str(item.value), None, None, item.value)
         return self.whole(self.scalar(item).text, self.known(item, "a tile shape's entry (a tile, or a size)"))
