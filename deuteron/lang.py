@@ -221,7 +221,7 @@ class Interp:
     def binop(self, op, a, b):
         if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
             return fold(op, a, b)  # host numbers: the language's semantics (C division)
-        return OPS[op](tensor(a, self.device), tensor(b, self.device))  # a number as a 0-d tensor promotes as a scalar
+        return OPS[op](tensor(a, self.device), tensor(b, self.device))
 
     def e_Call(self, e, env):
         if isinstance(e.func, A.Attribute) and e.func.attr == "to":
@@ -285,10 +285,11 @@ def _floordiv(a, b):
     return torch.div(a, b, rounding_mode="floor" if a.is_floating_point() or b.is_floating_point() else "trunc")
 
 
+# The oracle's operators on tensors (a number as a 0-d tensor promotes as a scalar would); % is C's (fmod).
 OPS = {**{op: getattr(operator, name) for op, name in [
     ("+", "add"), ("-", "sub"), ("*", "mul"), ("/", "truediv"), ("<<", "lshift"), (">>", "rshift"), ("&", "and_"),
     ("|", "or_"), ("^", "xor"), ("<", "lt"), ("<=", "le"), (">", "gt"), (">=", "ge"), ("==", "eq"), ("!=", "ne")]},
-    "//": _floordiv, "%": torch.fmod, "@": lambda a, b: _dot(None, a, b), "and": torch.logical_and, "or": torch.logical_or}  # fmod: C's %
+    "//": _floordiv, "%": torch.fmod, "@": lambda a, b: _dot(None, a, b), "and": torch.logical_and, "or": torch.logical_or}
 UNARY = {"-": operator.neg, "+": operator.pos, "~": operator.invert,
          "not": lambda v: torch.logical_not(v) if isinstance(v, torch.Tensor) else not v}
 BUILTINS = {
