@@ -119,8 +119,11 @@ class Lowered:
 
     @functools.cached_property
     def kernel(self):
-        """The newt kernel: the text through newt's parser, checker and passes, once (not for its text alone)."""
-        return getattr(self.run(newtc.compile, self.text, self.file), self.name)
+        """The newt kernel, compiled on first use (not for the text alone); equal text (another shape that lowers
+        the same way) shares one, so its launches and binaries are reused."""
+        if self.text not in self.fn.kernels:
+            self.fn.kernels[self.text] = getattr(self.run(newtc.compile, self.text, self.file), self.name)
+        return self.fn.kernels[self.text]
 
     def args(self, env) -> list:
         """The kernel's runtime arguments: a source is ("value", host name) | ("size" | "stride", tensor, dim)."""

@@ -71,7 +71,7 @@ class TileFunction:
         text = "\n".join("\n".join(lines[x.span.line - 1:x.span.end_line]) for x in [d, *program.defs.values()])
         self.hash = hashlib.sha256(text.encode()).hexdigest()[:16]  # what a stored config is valid for
         self.taken = lower.names_in(program.ast.defs) | {x.name for x in program.ast.defs}
-        self.lowered, self.chosen, self.pinned, self.tuned = {}, {}, None, {}
+        self.lowered, self.kernels, self.chosen, self.pinned, self.tuned = {}, {}, {}, None, {}
 
     def __repr__(self) -> str:
         return f"<deuteron tile program {self.name} from {self.program.filename}>"
