@@ -426,8 +426,8 @@ class Lowered:
         return " + ".join(parts), mask(tuple(dims)), tuple(dims)
 
     def e_UnaryOp(self, e):
-        v, p = self.expr(e.operand), 3 if e.op == "not" else 11
-        return E(f"{e.op}{' ' * (p == 3)}{par(v, p)}", v.dims, p)
+        v, p = self.expr(e.operand), 3 if e.op == "not" else 11  # `not` binds looser than - + ~
+        return E(f"not {par(v, p)}" if e.op == "not" else f"{e.op}{par(v, p)}", v.dims, p)
 
     def e_BinOp(self, e):
         if e.op == "@":
