@@ -34,8 +34,7 @@ class Tile(NamedTuple):
 
 
 class _Return(Exception):
-    def __init__(self, value):
-        self.value = value
+    """`return` in the host code or a helper: the value is args[0]."""
 
 
 def require(ok, message: str, span) -> None:
@@ -83,7 +82,7 @@ class Interp:
         try:
             self.block(d.body, env)
         except _Return as r:
-            return r.value
+            return r.args[0]
         finally:
             self.depth = depth
 

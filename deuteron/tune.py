@@ -26,7 +26,7 @@ TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 4e-2, torch.float32: 2e-3, tor
 
 
 class Wrong(AssertionError):
-    pass
+    """A candidate's result that differs from the oracle's."""
 
 
 def outputs(result, args, kwargs=None) -> list:
