@@ -9,7 +9,6 @@ import sys
 
 import torch
 
-from newtc import ir, nvrtc
 from newtc.errors import NkError
 
 from .lang import TORCH
@@ -21,12 +20,8 @@ examples:
   deuteron examples/tiles.nk -k softmax --sig 'x=f32[8192,1000]' --config '{"block_tm": 2, "num_warps": 8}'
   deuteron examples/tiles.nk -k layernorm --sig 'x=f16[4096,4096], w=f16[4096], b=f16[4096], eps=1e-5' --emit cuda
 
---sig gives each argument: a tensor as DTYPE[SIZES] (contiguous), anything else as a Python literal.
---config takes the JSON the autotuner prints; the values it leaves out are the default config's.
 exit status: 0 ok, 1 an error in the input (shown as FILE:LINE:COL diagnostics), 2 bad usage.
 """
-SHOW = {"ir": lambda r: ir.print_kernel(r.kernel), "cuda": lambda r: r.cuda.source, "ptx": lambda r: r.binary.ptx,
-        "sass": lambda r: nvrtc.disassemble(r.binary.cubin)}
 
 
 def arguments(p, items) -> dict:
@@ -47,9 +42,11 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", metavar="FILE.nk")
     p.add_argument("-k", "--kernel", metavar="NAME", help="the tile program (default: the file's only one)")
-    p.add_argument("--sig", action="append", default=[], metavar="NAME=TYPE,...", help="the call's arguments")
-    p.add_argument("--config", default="{}", metavar="JSON", help="the config (default: the default config)")
-    p.add_argument("--emit", choices=["nk", *SHOW], default="nk", help="what to print (default: nk)")
+    p.add_argument("--sig", action="append", default=[], metavar="NAME=TYPE,...",
+                   help="the call's arguments: a tensor as DTYPE[SIZES] (contiguous), anything else as a Python literal")
+    p.add_argument("--config", default="{}", metavar="JSON",
+                   help="the JSON the autotuner prints; what it leaves out is the default config's")
+    p.add_argument("--emit", choices=["nk", "ir", "cuda", "ptx", "sass"], default="nk", help="what to print (default: nk)")
     p.add_argument("--arch", default="sm_90a", help="GPU architecture for ptx/sass (default: sm_90a)")
     try:
         args = p.parse_args(argv)
@@ -61,26 +58,15 @@ def main(argv=None) -> int:
     except SystemExit as e:  # argparse: 2 for bad usage, 0 for --help
         return e.code if isinstance(e.code, int) else 1
     try:
-        prog = load(args.file)
-        name = args.kernel or (next(iter(prog.fns)) if len(prog.fns) == 1 else None)
-        if name not in prog.fns:
-            raise NkError(f"pick a tile program of {args.file} with -k", None, f"tile programs: {', '.join(prog.fns) or 'none'}")
-        fn = prog.fns[name]
+        fns = load(args.file).fns
+        fn = fns.get(args.kernel or (next(iter(fns)) if len(fns) == 1 else None))
+        if fn is None:
+            raise NkError(f"pick a tile program of {args.file} with -k", None, f"tile programs: {', '.join(fns) or 'none'}")
         config = {**fn.space(**kwargs).default(), **config}
-        if args.emit == "nk":
-            out = fn.source(config=config, **kwargs)
-        else:
-            stage = args.emit if args.emit in ("ir", "cuda") else "cubin"
-            out = "\n".join(SHOW[args.emit](launch.compile(stage, args.arch)) for launch in fn.plan((), kwargs, config)[1])
-        sys.stdout.write(out if out.endswith("\n") else out + "\n")
+        plan = fn.plan((), kwargs, config)[1]
+        texts = [launch.low.text if args.emit == "nk" else launch.stage(args.emit, args.arch) for launch in plan]
+        print("\n".join(texts).rstrip("\n"))
         return 0
-    except NkError as e:
-        print(e.render(), file=sys.stderr)
+    except (NkError, OSError) as e:
+        print(e.render() if isinstance(e, NkError) else f"deuteron: cannot read {args.file}: {e.strerror}", file=sys.stderr)
         return 1
-    except OSError as e:
-        print(f"deuteron: cannot read {args.file}: {e.strerror}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

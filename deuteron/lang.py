@@ -22,9 +22,6 @@ TORCH = {"bool": torch.bool, "i8": torch.int8, "i16": torch.int16, "i32": torch.
          "u8": torch.uint8, "f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
 DTYPE_OF = {t: DTYPES[n] for n, t in TORCH.items()}
 CONSTANTS = {"inf": math.inf, "nan": math.nan, **DTYPES}
-OPS = {op: getattr(operator, name) for op, name in [
-    ("+", "add"), ("-", "sub"), ("*", "mul"), ("/", "truediv"), ("<<", "lshift"), (">>", "rshift"), ("&", "and_"),
-    ("|", "or_"), ("^", "xor"), ("<", "lt"), ("<=", "le"), (">", "gt"), (">=", "ge"), ("==", "eq"), ("!=", "ne")]}
 ATOMICS = {"atomic_add": torch.add, "atomic_max": torch.maximum, "atomic_min": torch.minimum}
 
 
@@ -36,35 +33,41 @@ class Tile(NamedTuple):
     index: torch.Tensor
 
 
-class Grid(NamedTuple):
-    """`grid(n)` in a tile loop's header: a scalar index per program instead of a tile."""
-    n: int
-
-
 class _Return(Exception):
-    def __init__(self, value):
-        self.value = value
+    """`return` in the host code or a helper: the value is args[0]."""
 
 
-def is_tiles(s) -> bool:
-    return isinstance(s, A.For) and isinstance(s.iter, A.Call) and getattr(s.iter.func, "id", None) == "tiles"
+def require(ok, message: str, span) -> None:
+    """An error in the tile program at `span`, unless `ok`."""
+    if not ok:
+        raise NkError(message, span)
+
+
+def is_call(e, name: str) -> bool:
+    """`name(...)`."""
+    return isinstance(e, A.Call) and isinstance(e.func, A.Name) and e.func.id == name
+
+
+def header(s: A.For) -> tuple:
+    """A loop's kind (tiles, range or static_range) and its names: one per dimension of tiles(...), else one."""
+    kind = s.iter.func.id if isinstance(s.iter, A.Call) and isinstance(s.iter.func, A.Name) else None
+    names = [t.id for t in (s.target.items if isinstance(s.target, A.TupleExpr) else [s.target])]
+    require(kind in ("tiles", "range", "static_range") and len(names) == (len(s.iter.args) if kind == "tiles" else 1),
+            "a loop goes over tiles(...) with a name per dimension, or over range(...)", s.iter.span)
+    return kind, names
 
 
 def is_tunable(p: A.Param) -> bool:
     return isinstance(p.annotation, A.Name) and p.annotation.id == "tunable"
 
 
-def literal(e):
-    """A number, a negated number, True, False or None where only a literal may stand."""
-    if isinstance(e, (A.Num, A.Const)):
-        return e.value
-    if isinstance(e, A.UnaryOp) and e.op == "-" and isinstance(e.operand, A.Num):
-        return -e.operand.value
-    raise NkError("expected a literal here", e.span)
-
-
 def tensor(x, device):
     return x if isinstance(x, torch.Tensor) else torch.tensor(x, device=device)
+
+
+def device_of(args, kwargs) -> torch.device:
+    """Where a call's tensors are (the CPU without any)."""
+    return next((a.device for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)), torch.device("cpu"))
 
 
 class Interp:
@@ -79,30 +82,31 @@ class Interp:
         try:
             self.block(d.body, env)
         except _Return as r:
-            return r.value
+            return r.args[0]
         finally:
             self.depth = depth
 
     def tunables(self, d: A.FuncDef) -> dict:
         """Each tunable parameter's choices; the oracle and the default config take the first."""
-        out = {p.name: self.expr(p.default, {}) if p.default else None for p in d.params if is_tunable(p)}
-        for p in (p for p in d.params if p.name in out and not (isinstance(out[p.name], list) and out[p.name])):
-            raise NkError(f"tunable '{p.name}' needs a list of choices: {p.name}: tunable = [1, 2]", p.span)
+        out = {}
+        for p in filter(is_tunable, d.params):
+            out[p.name] = self.expr(p.default, {}) if p.default else None
+            require(isinstance(out[p.name], list) and out[p.name],
+                    f"tunable '{p.name}' needs a list of choices: {p.name}: tunable = [1, 2]", p.span)
         return out
 
     def bind(self, d: A.FuncDef, args, kwargs) -> dict:
         tunables = self.tunables(d)
         params = [p.name for p in d.params if p.name not in tunables]
-        if len(args) > len(params) or set(kwargs) - set(params):
-            raise NkError(f"{d.name}() takes the arguments ({', '.join(params)})", d.span)
+        require(len(args) <= len(params) and set(kwargs) <= set(params),
+                f"{d.name}() takes the arguments ({', '.join(params)})", d.span)
         env = {**dict(zip(params, args)), **kwargs, **{n: self.config.get(n, c[0]) for n, c in tunables.items()}}
         for p in d.params:
             if p.name not in env:
-                if p.default is None:
-                    raise NkError(f"{d.name}() is missing argument '{p.name}'", d.span)
+                require(p.default is not None, f"{d.name}() is missing argument '{p.name}'", d.span)
                 env[p.name] = self.expr(p.default, env)
-            elif is_constexpr_annot(p.annotation) and isinstance(env[p.name], torch.Tensor):
-                raise NkError(f"'{p.name}' is a constexpr: pass a number, bool, string or dtype", p.span)
+            require(not (is_constexpr_annot(p.annotation) and isinstance(env[p.name], torch.Tensor)),
+                    f"'{p.name}' is a constexpr: pass a number, bool, string or dtype", p.span)
         return env
 
     # ---- statements ----------------------------------------------------------------------------
@@ -117,15 +121,14 @@ class Interp:
         self.expr(s.value, env)
 
     def s_Return(self, s, env):
-        if self.depth:
-            raise NkError("`return` belongs to the host code, after the tile loops", s.span)
+        require(not self.depth, "`return` belongs to the host code, after the tile loops", s.span)
         raise _Return(None if s.value is None else self.expr(s.value, env))
 
     def s_Assign(self, s, env):
         value = self.expr(s.value, env)
         values = [value] if len(s.targets) == 1 else value
-        if not isinstance(values, (list, tuple)) or len(values) != len(s.targets):
-            raise NkError(f"cannot unpack into {len(s.targets)} names", s.span)
+        require(isinstance(values, (list, tuple)) and len(values) == len(s.targets),
+                f"cannot unpack into {len(s.targets)} names", s.span)
         for t, v in zip(s.targets, values):
             self.assign(t, v, env)
 
@@ -143,23 +146,18 @@ class Interp:
         self.block(s.body if bool(self.expr(s.cond, env)) else s.orelse, env)
 
     def s_For(self, s, env):
-        kind = getattr(s.iter, "func", None) and getattr(s.iter.func, "id", None)
-        names = [t.id for t in (s.target.items if isinstance(s.target, A.TupleExpr) else [s.target])]
+        kind, names = header(s)
         if kind == "tiles" and self.depth == 0 and self.hook is not None:
             return self.hook(s, env)
-        if kind not in ("tiles", "range", "static_range") or kind == "tiles" and len(names) != len(s.iter.args):
-            raise NkError("a loop goes over tiles(...) with a name per dimension, or over range(...)", s.iter.span)
         args = [self.expr(a, env) for a in s.iter.args]
         ranges = [range(*map(int, args))] if kind != "tiles" else \
-            [range(a.n) if isinstance(a, Grid) else [Tile(0, int(a), int(a), torch.arange(int(a), device=self.device).int())]
-             for a in args]
-        self.depth += kind == "tiles"
-        try:
-            for values in itertools.product(*ranges):
-                env.update(zip(names, values))
-                self.block(s.body, env)
-        finally:
-            self.depth -= kind == "tiles"
+            [a if isinstance(a, range) else [Tile(0, int(a), int(a), torch.arange(int(a), device=self.device).int())]
+             for a in args]  # grid(n) is a range: a scalar index per program instead of a tile
+        self.depth += kind == "tiles"  # an error inside ends the call, which restores the depth
+        for values in itertools.product(*ranges):
+            env.update(zip(names, values))
+            self.block(s.body, env)
+        self.depth -= kind == "tiles"
 
     # ---- expressions ---------------------------------------------------------------------------
     def expr(self, e, env):
@@ -201,8 +199,7 @@ class Interp:
     def place(self, e: A.Subscript, env):
         """The tensor and torch index of `x[tm, :, i, None]`: a tile is its slice."""
         t, index = self.expr(e.value, env), []
-        if not isinstance(t, torch.Tensor):
-            raise NkError("only tensors take tile subscripts", e.span)
+        require(isinstance(t, torch.Tensor), "only tensors take tile subscripts", e.span)
         for item in e.index:
             if isinstance(item, A.Slice):
                 index.append(slice(*(None if x is None else self.expr(x, env) for x in (item.lower, item.upper, item.step))))
@@ -212,10 +209,7 @@ class Interp:
         return t, tuple(index)
 
     def e_UnaryOp(self, e, env):
-        v = self.expr(e.operand, env)
-        if isinstance(v, torch.Tensor) and (e.op == "not" or e.op == "~" and v.dtype == torch.bool):
-            return torch.logical_not(v)
-        return {"-": operator.neg, "+": operator.pos, "~": operator.invert, "not": operator.not_}[e.op](v)
+        return UNARY[e.op](self.expr(e.operand, env))
 
     def e_BinOp(self, e, env):
         a = self.expr(e.left, env)
@@ -226,14 +220,7 @@ class Interp:
     def binop(self, op, a, b):
         if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
             return fold(op, a, b)  # host numbers: the language's semantics (C division)
-        if op == "@":
-            return _dot(self, a, b)
-        if op in ("and", "or"):
-            return (torch.logical_and if op == "and" else torch.logical_or)(tensor(a, self.device), tensor(b, self.device))
-        if op == "//":
-            floating = any(isinstance(x, float) or isinstance(x, torch.Tensor) and x.is_floating_point() for x in (a, b))
-            return torch.div(a, b, rounding_mode="floor" if floating else "trunc")
-        return torch.fmod(tensor(a, self.device), b) if op == "%" else OPS[op](a, b)  # C's %: the dividend's sign
+        return OPS[op](tensor(a, self.device), tensor(b, self.device))
 
     def e_Call(self, e, env):
         if isinstance(e.func, A.Attribute) and e.func.attr == "to":
@@ -246,8 +233,7 @@ class Interp:
         args, kwargs = [self.expr(a, env) for a in e.args], {k: self.expr(v, env) for k, v in e.kwargs}
         if f in self.defs:
             return self.call(self.defs[f], args, kwargs)
-        if f not in BUILTINS:
-            raise NkError(f"{f}() is not supported in tile programs" if isinstance(f, str) else "not callable", e.span)
+        require(f in BUILTINS, f"{f}() is not supported in tile programs" if isinstance(f, str) else "not callable", e.span)
         try:
             return BUILTINS[f](self, *args, **kwargs)
         except TypeError as err:
@@ -268,10 +254,8 @@ def _math(name):
 def _reduce(name):
     def run(it, x, axis=None, keep_dims=False):
         x = x.int() if name == "sum" and x.dtype == torch.bool else x
-        flat, method = x.flatten() if axis is None else x, {"max": "amax", "min": "amin"}.get(name, name)
-        r = getattr(flat, method)(0 if axis is None else axis)
-        r = r.int() if name.startswith("arg") else r
-        return (r.reshape([1] * x.dim()) if axis is None else r.unsqueeze(axis)) if keep_dims else r
+        r = getattr(torch, {"max": "amax", "min": "amin"}.get(name, name))(x, dim=axis, keepdim=keep_dims)
+        return r.int() if name.startswith("arg") else r
     return run
 
 
@@ -292,10 +276,21 @@ def _full(it, shape, value, dtype=DTYPES["f32"]):
 
 
 def _static_assert(it, cond, msg=""):
-    if not cond:
-        raise NkError(f"static_assert failed{': ' + msg if msg else ''}")
+    require(cond, f"static_assert failed{': ' + msg if msg else ''}", None)
 
 
+def _floordiv(a, b):
+    """Floor division of floats, truncation (C's) of ints."""
+    return torch.div(a, b, rounding_mode="floor" if a.is_floating_point() or b.is_floating_point() else "trunc")
+
+
+# The oracle's operators on tensors (a number as a 0-d tensor promotes as a scalar would); % is C's (fmod).
+OPS = {**{op: getattr(operator, name) for op, name in [
+    ("+", "add"), ("-", "sub"), ("*", "mul"), ("/", "truediv"), ("<<", "lshift"), (">>", "rshift"), ("&", "and_"),
+    ("|", "or_"), ("^", "xor"), ("<", "lt"), ("<=", "le"), (">", "gt"), (">=", "ge"), ("==", "eq"), ("!=", "ne")]},
+    "//": _floordiv, "%": torch.fmod, "@": lambda a, b: _dot(None, a, b), "and": torch.logical_and, "or": torch.logical_or}
+UNARY = {"-": operator.neg, "+": operator.pos, "~": operator.invert,
+         "not": lambda v: torch.logical_not(v) if isinstance(v, torch.Tensor) else not v}
 BUILTINS = {
     **{n: _math(n) for n in "exp exp2 log log2 sqrt rsqrt sin cos tanh sigmoid erf floor ceil abs".split()},
     **{n: _reduce(n) for n in ("sum", "max", "min", "argmax", "argmin")},
@@ -308,5 +303,5 @@ BUILTINS = {
     "cdiv": lambda it, a, b: it.binop("//", it.binop("+", a, b - 1), b),
     "fma": lambda it, a, b, c: a * b + c,
     "trans": lambda it, x, *dims: x.permute(*(dims or reversed(range(x.dim())))),
-    "grid": lambda it, n: Grid(int(n)),
+    "grid": lambda it, n: range(int(n)),
 }

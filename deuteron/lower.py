@@ -1,23 +1,27 @@
-"""One launch grid of a tile program + a config + what the call's arguments prove -> a newt kernel's text.
+"""One launch grid of a tile program + a config + the call's host values -> a newt kernel's text.
 
 Each expression becomes its text and its dims, one per axis: a Dim (a tile, or a whole dimension taken with
 `:`) or None (size 1). Dims say where masks go: loads and stores are masked by their tiles' bounds, a
 reduction along a ragged dim first puts its identity in the padding, and a dot along a ragged K zeroes the
-padding of an operand that is not a fresh load (loads fill it with 0). A mask is left out where the
-specialization proves that the block divides the bound.
+padding of an operand that is not a fresh load (loads fill it with 0). A mask is left out where the call's
+sizes, which the host code knows, prove that the block divides the bound.
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+import torch
+
+import newtc
 from newtc import ast as A
 from newtc.errors import NkError, Span
 from newtc.types import DType
 
-from .lang import literal
+from .lang import DTYPE_OF, header, is_call, require
 
 PREC = {"or": 1, "and": 2, "|": 5, "^": 6, "&": 7, "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "//": 10,
         "%": 10, "@": 10, **dict.fromkeys(["<", "<=", ">", ">=", "==", "!="], 4)}
@@ -28,7 +32,7 @@ IDENTITY = {"sum": "0", "max": "-inf", "min": "inf", "argmax": "-inf", "argmin":
 class Dim(NamedTuple):
     index: str  # the index vector: a tile's variable, or r0, r1, ... for whole dimensions
     block: str  # its block size, a constexpr
-    bound: str | None  # lanes with index >= bound are padding; None where the specialization proves there are none
+    bound: str | None  # lanes with index >= bound are padding; None where the call proves there are none
     var: str | None  # the tile variable (None: a whole dimension)
     size: int  # the block size
 
@@ -37,6 +41,7 @@ class E(NamedTuple):
     text: str
     dims: tuple = ()
     prec: int = ATOM
+    zero: bool = False  # its padding lanes hold 0: a fresh load, converted or not
 
 
 class TileVar(NamedTuple):
@@ -54,9 +59,10 @@ def bc(j: int, rank: int) -> str:
     return "" if rank <= 1 else "[" + ", ".join(":" if k == j else "None" for k in range(rank)) + "]"
 
 
-def mask(dims, rank: int) -> str | None:
-    """The mask of the ragged ones of (axis, Dim) pairs."""
-    terms = [f"{d.index}{bc(j, rank)} < {d.bound}" for j, d in dims if d is not None and d.bound]
+def mask(dims: tuple, axes=None) -> str | None:
+    """The mask of a block's ragged dims (those on `axes`, or all)."""
+    terms = [f"{d.index}{bc(j, len(dims))} < {d.bound}" for j, d in enumerate(dims)
+             if d is not None and d.bound and (axes is None or j in axes)]
     return terms[0] if len(terms) == 1 else " & ".join(f"({t})" for t in terms) or None
 
 
@@ -70,77 +76,78 @@ def names_in(node) -> set:
     """Every name some AST mentions or binds."""
     if isinstance(node, A.Name):
         return {node.id}
-    if isinstance(node, list):
+    if isinstance(node, (list, tuple)):  # statements, arguments; a keyword argument is a (name, value) pair
         return set().union(*map(names_in, node))
     out = set().union(*(names_in(getattr(node, f)) for f in getattr(node, "__dataclass_fields__", ()) if f != "span"))
     return out | {node.name} if isinstance(node, A.Param) else out
 
 
-def targets(s: A.For) -> list:
-    return [t.id for t in (s.target.items if isinstance(s.target, A.TupleExpr) else [s.target])]
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
 
 
-@dataclass
-class Info:
-    """What the search space is derived from."""
-    tiles: dict = field(default_factory=dict)  # tile variable -> size facts of its bound (or None)
-    dot: set = field(default_factory=set)  # tile variables that are dot dimensions
-    values: set = field(default_factory=set)  # block shapes: tuples of tile variables and whole sizes
-    loops: bool = False  # an in-kernel tile loop
-    group: bool = False  # the grid's last two dimensions are tiles
+@functools.cache
+def programs(device: torch.device) -> int:
+    """How many programs a persistent grid starts: one per SM (4 in the interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-@dataclass
+def is_whole(item) -> bool:
+    """`:` among indices."""
+    return isinstance(item, A.Slice) and item.lower is item.upper is item.step is None
+
+
+def is_none(item) -> bool:
+    return isinstance(item, A.Const) and item.value is None
+
+
 class Lowered:
-    text: str
-    name: str  # the kernel's
-    params: list  # (name, source): ("value", host name) | ("size" | "stride", tensor, dim)
-    consts: dict  # constexpr name -> value
-    grid: list  # (bound expression, block size; None for grid(n))
-    persistent: bool
-    file: str  # the generated file's name
-    linemap: dict  # generated line -> Span in the tile program
-    info: Info
+    """A launch grid of a tile program lowered for one call: the kernel's `text`, launched on `grid` programs with
+    `args(env)` and `meta`, and what the search space is derived from. `host` holds the host code's values at the
+    grid while lowering; they are not kept."""
+
+    def __init__(self, fn, host: dict, interp, config: dict, name: str, loop: A.For):
+        self.fn, self.host, self.interp, self.config, self.name = fn, host, interp, config, name
+        self.taken, self.span, self.file = set(fn.taken), fn.defn.span, f"{fn.program.ast.file}~{name}.nk"
+        self.lines, self.preamble, self.depth = [], [], 1  # (depth, text, span)
+        self.params, self.consts, self.memo, self.env, self.rindex = {}, {}, {}, {}, {}  # params: name -> source
+        # for the search space: each tile's bound (its next power of two, or None), the tiles of dots, the block
+        # shapes (tuples of tiles and whole sizes), an in-kernel tile loop, the grid's last two dimensions tiles
+        self.tiles, self.dot_tiles, self.values, self.loops, self.group = {}, set(), set(), False, False
+        self.lower(loop)
+        self.host = self.interp = None
+
+    @functools.cached_property
+    def kernel(self):
+        """The newt kernel, compiled on first use (not for the text alone); equal text (another shape that lowers
+        the same way) shares one, so its launches and binaries are reused."""
+        if self.text not in self.fn.kernels:
+            self.fn.kernels[self.text] = getattr(self.run(newtc.compile, self.text, self.file), self.name)
+        return self.fn.kernels[self.text]
 
     def args(self, env) -> list:
-        return [env[s[1]] if s[0] == "value" else getattr(env[s[1]], s[0])(s[2]) for _, s in self.params]
+        """The kernel's runtime arguments: a source is ("value", host name) | ("size" | "stride", tensor, dim)."""
+        return [env[s[1]] if s[0] == "value" else getattr(env[s[1]], s[0])(s[2]) for s in self.params.values()]
 
-    def grid_size(self, env, interp, programs: int) -> int:
-        n = 1
-        for bound, block in self.grid:
-            size = int(interp.expr(bound, env))
-            n *= -(-size // block) if block else size
-        return min(n, programs) if self.persistent else n
-
-    def remap(self, err: NkError) -> NkError:
-        """An error in the generated kernel as an error at the tile program's line."""
-        d = err.diagnostics[0]
-        if d.span is None or d.span.file != self.file:
-            return err
-        here = self.text.splitlines()[d.span.line - 1].split("  # ")[0].strip()
-        return NkError(d.message, self.linemap.get(d.span.line), "; ".join(filter(None, [d.hint, f"in the generated kernel: {here}"])))
-
-
-class Lower:
-    def __init__(self, fn: A.FuncDef, module: A.Module, facts: dict, bounds: dict, config: dict, name: str, taken: set):
-        self.fn, self.module, self.facts, self.bounds, self.config = fn, module, facts, bounds, config
-        self.name, self.taken, self.span = name, set(taken), fn.span
-        self.lines, self.preamble, self.depth = [], [], 1  # (depth, text, span)
-        self.params, self.consts, self.memo, self.env, self.rindex = {}, {}, {}, {}, {}
-        self.info, self.called = Info(), set()
+    def run(self, step, *args, **kwargs):
+        """step(*args, **kwargs), an error in the generated kernel reported at the tile program's line."""
+        try:
+            return step(*args, **kwargs)
+        except NkError as e:
+            d = e.diagnostics[0]
+            if d.span is None or d.span.file != self.file:
+                raise
+            here = self.text.splitlines()[d.span.line - 1].split("  # ")[0].strip()
+            hint = "; ".join(filter(None, [d.hint, f"in the generated kernel: {here}"]))
+            raise NkError(d.message, self.linemap.get(d.span.line), hint) from None
 
     def fresh(self, base: str, key=None) -> str:
-        """A name no one uses, the same one for the same key."""
-        if key in self.memo:
-            return self.memo[key]
-        name, n = base, 1
-        while name in self.taken:
-            n += 1
-            name = f"{base}{n}"
-        self.taken.add(name)
-        if key is not None:
-            self.memo[key] = name
-        return name
+        """A name no one uses (base, base2, base3, ...), the same one for the same key."""
+        if key is None or key not in self.memo:
+            candidates = itertools.chain([base], (f"{base}{i}" for i in itertools.count(2)))
+            self.memo[key] = next(n for n in candidates if n not in self.taken)
+            self.taken.add(self.memo[key])
+        return self.memo[key]
 
     def param(self, base: str, source) -> str:
         name = self.fresh(base, source)
@@ -155,94 +162,115 @@ class Lower:
     def line(self, text: str) -> None:
         self.lines.append((self.depth, text, self.span))
 
+    def let(self, base: str, text: str) -> str:
+        """A fresh name assigned `text` on a line of its own."""
+        name = self.fresh(base)
+        self.line(f"{name} = {text}")
+        return name
+
+    def known(self, e, what: str | None = None) -> int | None:
+        """The int an expression makes of the host code's values alone (a size, an axis); where it makes none,
+        None, or an error saying that `what` must be one."""
+        try:
+            n = None if names_in(e) & set(self.env) else self.interp.expr(e, self.host)
+        except (NkError, TypeError, ValueError, AttributeError, IndexError, KeyError):
+            n = None
+        require(not what or isinstance(n, int), f"{what} must be an int the host code knows", e.span)
+        return n if isinstance(n, int) else None
+
     # ---- the grid ------------------------------------------------------------------------------
-    def lower(self, loop: A.For) -> Lowered:
-        self.span = loop.span
-        dims, grid, counts = [], [], []  # (variable, bound, Dim or None for grid(n)); (bound node, block)
-        for name, arg in zip(targets(loop), loop.iter.args):
-            scalar = isinstance(arg, A.Call) and isinstance(arg.func, A.Name) and arg.func.id == "grid"
-            bound = self.scalar(arg.args[0] if scalar else arg)
-            dims.append((name, bound.text, None if scalar else self.tile(name, arg, bound)))
-            grid.append((arg.args[0] if scalar else arg, None if scalar else dims[-1][2].size))
-        self.info.group = len(dims) > 1 and None not in (dims[-1][2], dims[-2][2])
-        group = self.config.get("group", 1) if self.info.group else 1
-        persistent = bool(self.config.get("persistent"))
-        for v, bound, d in dims:
-            counts.append(bound if d is None else f"cdiv({bound}, {d.block})")
-            if d is not None and (len(dims) > 1 or persistent):
-                name = self.fresh(f"n_{v}")
-                self.line(f"{name} = {counts[-1]}")
-                counts[-1] = name
+    def lower(self, loop: A.For) -> None:
+        self.span, dims, counts, grid = loop.span, [], [], 1  # dims: (variable, bound, Dim or None for grid(n))
+        persistent, several = bool(self.config.get("persistent")), len(loop.iter.args) > 1
+        for name, arg in zip(header(loop)[1], loop.iter.args):
+            node = arg.args[0] if is_call(arg, "grid") else arg
+            bound, n = self.scalar(node), self.known(node, "a grid's size")
+            d = self.tile(name, arg, bound) if node is arg else None
+            dims.append((name, bound.text, d))
+            grid *= -(-n // d.size) if d else n
+            count = bound.text if d is None else f"cdiv({bound.text}, {d.block})"  # programs along the dimension
+            counts.append(self.let(f"n_{name}", count) if d and (several or persistent) else count)  # named: used again
+        self.group = several and None not in (dims[-1][2], dims[-2][2])
+        group = self.config.get("group", 1) if self.group else 1
         pid = self.fresh("pid")
         if persistent:  # one program per SM walks the tiles
             self.line(f"for {pid} in range(program_id(0), {' * '.join(counts)}, num_programs(0)):")
             self.depth += 1
+            grid = min(grid, programs(self.interp.device))
         else:
             self.line(f"{pid} = program_id(0)")
         pids = [pid] if len(dims) == 1 and dims[0][2] else [v if d is None else self.fresh(f"pid_{v}") for v, _, d in dims]
-        flat, split = counts, pids
-        if group > 1:  # the last two dimensions as one, then grouped
+        if group > 1:  # the last two dimensions as one, walked in groups of rows
             inner = pid if len(dims) == 2 else self.fresh("inner")
-            flat, split = counts[:-2] + [f"({counts[-2]} * {counts[-1]})"], pids[:-2] + [inner]
-        for i, t in enumerate(split):  # row-major: the last dimension moves fastest
-            later = flat[i + 1:]
-            div = "" if not later else f" // {later[0]}" if len(later) == 1 else f" // ({' * '.join(later)})"
-            if t != pid:
-                self.line(f"{t} = {pid}{div}" + (f" % {flat[i]}" if i else ""))
-        if group > 1:  # GROUP rows of tiles go column by column: the tiles they read stay in L2
-            g, first, rows, rest = (self.fresh(n) for n in ("group", "first", "rows", "rest"))
-            gc = self.const("GROUP", group, "GROUP")
-            for text in (f"{g} = {gc} * {counts[-1]}", f"{first} = {inner} // {g} * {gc}",
-                         f"{rows} = minimum({counts[-2]} - {first}, {gc})", f"{rest} = {inner} % {g}",
-                         f"{pids[-2]} = {first} + {rest} % {rows}", f"{pids[-1]} = {rest} // {rows}"):
-                self.line(text)
+            self.unflatten(pid, pids[:-2] + [inner], counts[:-2] + [f"({counts[-2]} * {counts[-1]})"])
+            self.grouped(inner, pids[-2:], counts[-2:], self.const("GROUP", group, "GROUP"))
+        else:
+            self.unflatten(pid, pids, counts)
         for (v, bound, d), p in zip(dims, pids):
             if d is None:
                 self.env[v] = E(v)
-                continue
-            begin = E(f"{p} * {d.block}", (), PREC["*"])
-            self.line(f"{v} = {begin.text} + arange(0, {d.block})")
-            self.env[v] = TileVar(d, begin, bound)
+            else:
+                self.enter(v, d, E(f"{p} * {d.block}", (), PREC["*"]), bound)
         self.block(loop.body)
-        return self.finish(grid, persistent)
+        self.finish(grid, loop)
+
+    def unflatten(self, pid: str, names: list, counts: list) -> None:
+        """The index along each dimension from the flat program id, row-major: the last dimension moves fastest."""
+        for i, name in enumerate(names):
+            later = counts[i + 1:]
+            div = f" // {later[0]}" if len(later) == 1 else f" // ({' * '.join(later)})" if later else ""
+            if name != pid:
+                self.line(f"{name} = {pid}{div}" + (f" % {counts[i]}" if i else ""))
+
+    def grouped(self, inner: str, pids: list, counts: list, size: str) -> None:
+        """GROUP rows of tiles walked column by column, so that the tiles they read stay in L2."""
+        group = self.let("group", f"{size} * {counts[1]}")
+        first = self.let("first", f"{inner} // {group} * {size}")
+        rows = self.let("rows", f"minimum({counts[0]} - {first}, {size})")
+        rest = self.let("rest", f"{inner} % {group}")
+        self.line(f"{pids[0]} = {first} + {rest} % {rows}")
+        self.line(f"{pids[1]} = {rest} // {rows}")
 
     def tile(self, name: str, node, bound: E) -> Dim:
-        size, fact = self.config.get(f"block_{name}", 1), self.bounds.get(id(node))
-        self.info.tiles[name] = fact
-        even = fact is not None and fact[1] % size == 0
-        return Dim(name, self.const(f"BLOCK_{name.upper()}", size, ("block", name)), None if even else bound.text, name, size)
+        """A tile loop's block; it is not masked where the host code's sizes show that the block divides the bound."""
+        size, n = self.config.get(f"block_{name}", 1), self.known(node)
+        self.tiles[name] = None if n is None else next_pow2(n)
+        block = self.const(f"BLOCK_{name.upper()}", size, ("block", name))
+        return Dim(name, block, None if n is not None and n % size == 0 else bound.text, name, size)
 
-    def whole(self, bound: str, np2: int, pow2: int) -> Dim:
-        """A whole dimension of `bound` elements in a block of its next power of two; one index vector per size."""
+    def enter(self, name: str, dim: Dim, begin: E, bound: str) -> None:
+        self.line(f"{name} = {begin.text} + arange(0, {dim.block})")
+        self.env[name] = TileVar(dim, begin, bound)
+
+    def whole(self, bound: str, n: int) -> Dim:
+        """A whole dimension of n elements (`bound` in the kernel) in a block of its next power of two; one index
+        vector per block size."""
+        np2 = next_pow2(n)
         if np2 not in self.rindex:
             index = self.fresh(f"r{len(self.rindex)}")
             self.rindex[np2] = index, self.const(index.upper(), np2, ("R", np2))
             self.preamble.append((1, f"{index} = arange(0, {self.rindex[np2][1]})", self.span))
-        return Dim(*self.rindex[np2], None if pow2 == np2 else bound, None, np2)
+        return Dim(*self.rindex[np2], None if n == np2 else bound, None, np2)
 
-    def finish(self, grid, persistent) -> Lowered:
-        src, file = self.module.source.splitlines(), self.module.file
-        short = Path(file).name
-        order = sorted(self.params, key=lambda n: not (self.params[n][0] == "value" and self.facts[self.params[n][1]][0] == "T"))
-        header = ", ".join(order + [f"{n}: constexpr" for n in self.consts])
-        out = [f"# deuteron: tile {self.fn.name} ({short}:{self.fn.span.line}), config {json.dumps(self.config, default=str)}"]
-        linemap = {}
-        defs = {d.name: d for d in self.module.defs if d.kind == "def"}
-        used = self.called & set(defs)
+    def finish(self, grid: int, loop: A.For) -> None:
+        module, fn = self.fn.program.ast, self.fn.defn
+        file, short = module.file, Path(module.file).name
+        tensors_first = sorted(self.params, key=lambda n: not isinstance(self.host.get(n), torch.Tensor))
+        self.params = {n: self.params[n] for n in tensors_first}
+        config = json.dumps(self.config, default=str)
+        out = [(f"# deuteron: tile {fn.name} ({short}:{fn.span.line}), config {config}", None)]  # (text, Span)
+        defs = {d.name: d for d in module.defs if d.kind == "def"}
+        used = names_in(loop.body) & set(defs)
         while more := {m for n in used for m in names_in(defs[n].body) if m in defs} - used:  # helpers' helpers
             used |= more
+        src = module.source.splitlines()
         for d in (d for d in defs.values() if d.name in used):  # as written
-            for k in range(d.span.line, d.span.end_line + 1):
-                out.append(src[k - 1])
-                linemap[len(out)] = Span(file, k, 1)
-            out.append("")
-        out.append(f"kernel {self.name}({header}):")
-        linemap[len(out)] = self.span
-        for depth, text, span in self.preamble + self.lines:
-            out.append(f"{'    ' * depth}{text}  # {short}:{span.line}")
-            linemap[len(out)] = span
-        return Lowered("\n".join(out) + "\n", self.name, [(n, self.params[n]) for n in order], self.consts, grid,
-                       persistent, f"{file}~{self.name}.nk", linemap, self.info)
+            out += [(src[k - 1], Span(file, k, 1)) for k in range(d.span.line, d.span.end_line + 1)] + [("", None)]
+        out.append((f"kernel {self.name}({', '.join([*self.params, *(f'{n}: constexpr' for n in self.consts)])}):", self.span))
+        out += [(f"{'    ' * depth}{text}  # {short}:{span.line}", span) for depth, text, span in self.preamble + self.lines]
+        self.meta = {**self.consts, "num_warps": self.config.get("num_warps", 4), "num_stages": self.config.get("num_stages", 1)}
+        self.text, self.grid = "\n".join(text for text, _ in out) + "\n", grid
+        self.linemap = {i: span for i, (_, span) in enumerate(out, 1) if span}  # generated line -> Span in the tile program
 
     # ---- statements ----------------------------------------------------------------------------
     def block(self, stmts):
@@ -250,10 +278,10 @@ class Lower:
             self.span = s.span
             getattr(self, "s_" + type(s).__name__)(s)
 
-    def nested(self, body, depth=1):
-        self.depth += depth
+    def nested(self, body):
+        self.depth += 1
         self.block(body)
-        self.depth -= depth
+        self.depth -= 1
 
     def s_Pass(self, s):
         self.line("pass")
@@ -270,18 +298,16 @@ class Lower:
             ptr, m, _ = self.place(s.targets[0])
             return self.line(f"store({ptr}, {e.text}{f', mask={m}' if m else ''})")
         for t in s.targets:
-            if not isinstance(t, A.Name):
-                raise NkError("assign to names, or to a tensor's tile such as out[tm, tn]", t.span)
+            require(isinstance(t, A.Name), "assign to names, or to a tensor's tile such as out[tm, tn]", t.span)
             self.env[t.id] = E(t.id, e.dims)
         self.line(f"{', '.join(t.id for t in s.targets)} = {e.text}")
 
     def s_AugAssign(self, s):
-        if not isinstance(s.target, A.Name):
-            raise NkError("only names take augmented assignment in a tile loop", s.span)
-        acc, v = self.expr(s.target), s.value
+        require(isinstance(s.target, A.Name), "only names take augmented assignment in a tile loop", s.span)
+        v = s.value
         if s.op == "+" and isinstance(v, A.BinOp) and v.op == "@":  # accumulate in the dot itself
-            return self.line(f"{acc.text} = {self.dot(v.left, v.right, acc, v.span).text}")
-        self.line(f"{acc.text} {s.op}= {self.expr(v).text}")
+            return self.line(f"{s.target.id} = {self.dot(v.left, v.right, s.target, v.span).text}")
+        self.line(f"{self.expr(s.target).text} {s.op}= {self.expr(v).text}")
 
     def s_If(self, s):
         self.line(f"if {self.expr(s.cond).text}:")
@@ -291,35 +317,33 @@ class Lower:
             self.nested(s.orelse)
 
     def s_For(self, s):
-        kind, names = s.iter.func.id if isinstance(s.iter, A.Call) and isinstance(s.iter.func, A.Name) else None, targets(s)
-        if kind in ("range", "static_range") and len(names) == 1:
+        kind, names = header(s)
+        if kind != "tiles":
             self.line(f"for {names[0]} in {kind}({', '.join(self.scalar(a).text for a in s.iter.args)}):")
             self.env[names[0]] = E(names[0])
             return self.nested(s.body)
-        if kind != "tiles" or len(names) != len(s.iter.args):
-            raise NkError("a loop here goes over tiles(...) with a name per dimension, or range(...)", s.iter.span)
-        self.info.loops = True
+        self.loops = True
         for name, arg in zip(names, s.iter.args):  # one in-kernel loop per dimension
             bound = self.scalar(arg)
             dim, begin = self.tile(name, arg, bound), self.fresh(f"{name}_begin")
             self.line(f"for {begin} in range(0, {bound.text}, {dim.block}):")
             self.depth += 1
-            self.line(f"{name} = {begin} + arange(0, {dim.block})")
-            self.env[name] = TileVar(dim, E(begin), bound.text)
-        self.nested(s.body, 0)
+            self.enter(name, dim, E(begin), bound.text)
+        self.block(s.body)
         self.depth -= len(names)
 
     # ---- expressions ---------------------------------------------------------------------------
     def expr(self, e) -> E:
-        out = getattr(self, "e_" + type(e).__name__)(e)
+        lower = getattr(self, "e_" + type(e).__name__, None)
+        require(lower, f"{type(e).__name__} is not supported in a tile loop", e.span)
+        out = lower(e)
         if out.dims:
-            self.info.values.add(tuple(d.var or d.size for d in out.dims if d))
+            self.values.add(tuple(d.var or d.size for d in out.dims if d))
         return out
 
     def scalar(self, e) -> E:
         out = self.expr(e)
-        if out.dims:
-            raise NkError("expected a scalar here, not a tile", e.span)
+        require(not out.dims, "expected a scalar here, not a tile", e.span)
         return out
 
     def e_Num(self, e):
@@ -327,36 +351,26 @@ class Lower:
 
     e_Const = e_Str = e_Num
 
-    def e_ListExpr(self, e):
-        items = ", ".join(self.expr(x).text for x in e.items)
-        return E(f"[{items}]" if isinstance(e, A.ListExpr) else f"({items}{',' if len(e.items) == 1 else ''})")
-
-    e_TupleExpr = e_ListExpr
-
     def e_Name(self, e):
-        v = self.env.get(e.id)
-        if v is not None:
+        if e.id in self.env:
+            v = self.env[e.id]
             return E(e.id, (v.dim,)) if isinstance(v, TileVar) else v
-        fact = self.facts.get(e.id, ("",))
-        if fact[0] == "C":  # a host bool, string, dtype or None: a literal
-            return E(fact[1].name if isinstance(fact[1], DType) else repr(fact[1]))
-        if fact[0] == "K":
-            self.consts[e.id] = fact[1]
-        elif fact[0]:
+        v = self.host.get(e.id)
+        if e.id in self.fn.constexprs:
+            self.consts[e.id] = v
+        elif self.tensor(e) is not None or type(v) in (int, float):
             self.params[e.id] = ("value", e.id)
+        elif e.id in self.host:  # a host bool, string, dtype or None: a literal
+            return E(v.name if isinstance(v, DType) else repr(v))
         return E(e.id)  # a parameter, or a builtin, helper or constant such as f32 or inf
 
-    def host_tensor(self, e) -> str | None:
-        ok = isinstance(e, A.Name) and e.id not in self.env and self.facts.get(e.id, ("",))[0] == "T"
-        return e.id if ok else None
-
-    def size(self, e) -> str | None:
-        """`x.shape[d]` of a host tensor, as a kernel parameter."""
-        if isinstance(e, A.Subscript) and isinstance(e.value, A.Attribute) and e.value.attr == "shape" \
-                and self.host_tensor(e.value.value):
-            t, d = e.value.value.id, literal(e.index[0])
-            return self.param(f"{t}_size{d}", ("size", t, d))
-        return None
+    def tensor(self, e) -> torch.Tensor | None:
+        """The host code's tensor that e names, or None."""
+        v = self.host.get(e.id) if isinstance(e, A.Name) and e.id not in self.env else None
+        if not isinstance(v, torch.Tensor):
+            return None
+        require(v.dtype in DTYPE_OF, f"tensors of {v.dtype} are not supported", e.span)
+        return v
 
     def e_Attribute(self, e):
         v = self.env.get(e.value.id) if isinstance(e.value, A.Name) else None
@@ -364,65 +378,56 @@ class Lower:
             end = f"minimum({v.begin.text} + {v.dim.block}, {v.bound})"
             return {"begin": v.begin, "end": E(end), "index": E(v.dim.index, (v.dim,)),
                     "size": E(f"{end} - {par(v.begin, PREC['-'] + 1)}", (), PREC["-"])}[e.attr]
-        if self.host_tensor(e.value) and e.attr == "dtype":
-            return E(self.facts[e.value.id][1])
+        if (t := self.tensor(e.value)) is not None and e.attr == "dtype":
+            return E(DTYPE_OF[t.dtype].name)
         base = self.expr(e.value)
-        return E(f"{par(base, ATOM)}.{e.attr}", base.dims if e.attr == "to" else ())
+        return E(f"{par(base, ATOM)}.{e.attr}", base.dims if e.attr == "to" else (), zero=base.zero and e.attr == "to")
 
     def e_Subscript(self, e):
-        if (size := self.size(e)) is not None:
-            return E(size)
-        if self.host_tensor(e.value):
+        base = e.value
+        if isinstance(base, A.Attribute) and base.attr == "shape" and (t := self.tensor(base.value)) is not None:
+            d = self.known(e.index[0], "a dimension") % t.dim()
+            return E(self.param(f"{base.value.id}_size{d}", ("size", base.value.id, d)))
+        if self.tensor(e.value) is not None:
             ptr, m, dims = self.place(e)
-            return E(f"load({ptr}{f', mask={m}, other=0' if m else ''})", dims)
-        v, dims, items = self.expr(e.value), [], []
-        axes = iter(v.dims)
+            return E(f"load({ptr}{f', mask={m}, other=0' if m else ''})", dims, zero=True)
+        v = self.expr(e.value)
         for item in e.index:  # a computed tile takes `:` and None
-            full = isinstance(item, A.Slice) and item.lower is item.upper is item.step is None
-            if not (full or isinstance(item, A.Const) and item.value is None):
-                raise NkError("a computed tile takes only `:` and `None` as indices", item.span)
-            dims.append(next(axes, None) if full else None)
-            items.append(":" if full else "None")
-        return E(f"{par(v, ATOM)}[{', '.join(items)}]", tuple(dims))
+            require(is_whole(item) or is_none(item), "a computed tile takes only `:` and `None` as indices", item.span)
+        axes = iter(v.dims)
+        dims = tuple(next(axes, None) if is_whole(item) else None for item in e.index)
+        return E(f"{par(v, ATOM)}[{', '.join(':' if is_whole(i) else 'None' for i in e.index)}]", dims)
 
     def place(self, e: A.Subscript):
         """The pointers, mask and dims of `x[tm, :, i, None]` for a host tensor x."""
-        t = self.host_tensor(e.value)
-        if t is None:
-            raise NkError("tiles index the host code's tensors", e.value.span)
-        shape, out, terms = self.facts[t][2], [], []  # terms: (tensor dim, axis in out or a scalar E)
+        t = self.tensor(e.value)
+        require(t is not None, "tiles index the host code's tensors", e.value.span)
+        x, dims, offsets = e.value.id, [], []  # offsets: per dimension of x, an axis of dims or a scalar E
         for item in e.index:
-            if isinstance(item, A.Const) and item.value is None:
-                out.append(None)
+            v = self.env.get(item.id) if isinstance(item, A.Name) else None
+            if is_none(item):
+                dims.append(None)
                 continue
-            d, v = len(terms), self.env.get(item.id) if isinstance(item, A.Name) else None
-            if d == len(shape):
-                raise NkError(f"too many indices for a tensor of rank {len(shape)}", e.span)
-            if isinstance(item, A.Slice):
-                if not item.lower is item.upper is item.step is None:
-                    raise NkError("a tensor takes `:` (a whole dimension), not a range", item.span)
-                out.append(self.whole(self.param(f"{t}_size{d}", ("size", t, d)), *shape[d][:2]))
-            elif isinstance(v, TileVar):
-                out.append(v.dim)
+            d = len(offsets)
+            require(d < t.dim(), f"too many indices for a tensor of rank {t.dim()}", e.span)
+            require(is_whole(item) or not isinstance(item, A.Slice), "a tensor takes `:` (a whole dimension), not a range", item.span)
+            if is_whole(item) or isinstance(v, TileVar):
+                dims.append(self.whole(self.param(f"{x}_size{d}", ("size", x, d)), t.shape[d]) if is_whole(item) else v.dim)
+                offsets.append(len(dims) - 1)
             else:
-                terms.append((d, self.scalar(item)))
-                continue
-            terms.append((d, len(out) - 1))
-        if len(terms) != len(shape):
-            raise NkError(f"{len(terms)} indices for a tensor of rank {len(shape)}", e.span)
-        parts = []
-        for d, x in terms:
-            idx = E(out[x].index + bc(x, len(out))) if isinstance(x, int) else x
-            unit = shape[d][2]  # a unit stride is known, so the offsets are seen to be contiguous
-            parts.append(par(idx, 10) if unit else f"{par(idx, 10)} * {self.param(f'{t}_stride{d}', ('stride', t, d))}")
-        self.params[t] = ("value", t)
-        return " + ".join([t] + parts), mask(enumerate(out), len(out)), tuple(out)
+                offsets.append(self.scalar(item))
+        require(len(offsets) == t.dim(), f"{len(offsets)} indices for a tensor of rank {t.dim()}", e.span)
+        parts = [x]
+        for d, i in enumerate(offsets):
+            idx = par(E(dims[i].index + bc(i, len(dims))) if isinstance(i, int) else i, PREC["*"])
+            unit = t.stride(d) == 1  # a known unit stride: the offsets are seen to be contiguous
+            parts.append(idx if unit else f"{idx} * {self.param(f'{x}_stride{d}', ('stride', x, d))}")
+        self.params[x] = ("value", x)
+        return " + ".join(parts), mask(tuple(dims)), tuple(dims)
 
     def e_UnaryOp(self, e):
-        v = self.expr(e.operand)
-        if e.op == "not":
-            return E(f"not {par(v, 3)}", v.dims, 3)
-        return E(f"{e.op}{par(v, 11)}", v.dims, 11)
+        v, p = self.expr(e.operand), 3 if e.op == "not" else 11  # `not` binds looser than - + ~
+        return E(f"not {par(v, p)}" if e.op == "not" else f"{e.op}{par(v, p)}", v.dims, p)
 
     def e_BinOp(self, e):
         if e.op == "@":
@@ -430,22 +435,16 @@ class Lower:
         a, b, p = self.expr(e.left), self.expr(e.right), PREC[e.op]
         return E(f"{par(a, p + (p == 4))} {e.op} {par(b, p + 1)}", broadcast(a.dims, b.dims), p)  # no chained <
 
-    def dot(self, an, bn, acc: E | None, span) -> E:
+    def dot(self, an, bn, acc, span) -> E:
+        """a @ b, accumulating into acc where there is one; the nodes of a, b and acc."""
         a, b = self.expr(an), self.expr(bn)
-        if len(a.dims) != 2 or len(b.dims) != 2:
-            raise NkError("`@` multiplies two 2-D tiles", span)
+        require(len(a.dims) == len(b.dims) == 2, "`@` multiplies two 2-D tiles", span)
         texts = []
-        for node, v, k, j in ((an, a, a.dims[1], 1), (bn, b, b.dims[0], 0)):
-            m = None if self.zero_padded(node) else mask([(j, k)], 2)
+        for v, k in ((a, 1), (b, 0)):  # K is a's axis 1 and b's axis 0
+            m = None if v.zero else mask(v.dims, [k])
             texts.append(f"where({m}, {v.text}, 0)" if m else v.text)
-        self.info.dot |= {d.var for d in (a.dims[0], a.dims[1], b.dims[1]) if d and d.var}
-        return E(f"dot({', '.join(texts + ([acc.text] if acc else []))})", (a.dims[0], b.dims[1]))
-
-    def zero_padded(self, e) -> bool:
-        """A fresh load, possibly converted: its padding holds 0."""
-        if isinstance(e, A.Call) and isinstance(e.func, A.Attribute) and e.func.attr == "to":
-            return self.zero_padded(e.func.value)
-        return isinstance(e, A.Subscript) and self.host_tensor(e.value) is not None
+        self.dot_tiles |= {d.var for d in (a.dims[0], a.dims[1], b.dims[1]) if d and d.var}
+        return E(f"dot({', '.join(texts + ([self.expr(acc).text] if acc else []))})", (a.dims[0], b.dims[1]))
 
     def e_Call(self, e):
         f = e.func.id if isinstance(e.func, A.Name) else None
@@ -455,45 +454,38 @@ class Lower:
         if f in ("zeros", "full"):
             return self.alloc(f, e)
         if f == "dot":
-            acc = e.args[2] if len(e.args) > 2 else kw.get("acc")
-            return self.dot(e.args[0], e.args[1], self.expr(acc) if acc else None, e.span)
+            return self.dot(e.args[0], e.args[1], e.args[2] if len(e.args) > 2 else kw.get("acc"), e.span)
         if f and f.startswith("atomic_") and e.args and isinstance(e.args[0], A.Subscript):
             ptr, m, _ = self.place(e.args[0])
             return E(f"{f}({', '.join([ptr] + [self.expr(a).text for a in e.args[1:]])}{f', mask={m}' if m else ''})")
-        if f in ("reshape", "broadcast_to", "tiles"):
-            raise NkError(f"{f}() is not supported in a tile loop", e.span)
+        require(f not in ("reshape", "broadcast_to", "tiles"), f"{f}() is not supported in a tile loop", e.span)
         func, args = self.expr(e.func), [self.expr(a) for a in e.args]
-        self.called.add(f)
         dims = broadcast(*(a.dims for a in args))
         if f == "trans":
             dims = tuple(args[0].dims[int(a.text)] for a in args[1:]) or tuple(reversed(args[0].dims))
         text = ", ".join([a.text for a in args] + [f"{k}={self.expr(v).text}" for k, v in e.kwargs])
-        return E(f"{func.text}({text})", func.dims if isinstance(e.func, A.Attribute) else dims)
+        return E(f"{func.text}({text})", func.dims if isinstance(e.func, A.Attribute) else dims, zero=func.zero)
 
     def reduce(self, f, e, kw):
         x = self.expr(e.args[0])
-        axis = literal(e.args[1] if len(e.args) > 1 else kw["axis"]) if len(e.args) > 1 or "axis" in kw else None
-        keep = "keep_dims" in kw and bool(literal(kw["keep_dims"]))
+        node = e.args[1] if len(e.args) > 1 else kw.get("axis")
+        axis = None if node is None or is_none(node) else self.known(node, "an axis")
+        keep = "keep_dims" in kw and bool(self.known(kw["keep_dims"]))
         axes = range(len(x.dims)) if axis is None else [axis % len(x.dims)]
-        m = mask([(a, x.dims[a]) for a in axes], len(x.dims))
+        m = mask(x.dims, axes)
         args = [f"where({m}, {x.text}, {IDENTITY[f]})" if m else x.text]
         args += ([f"axis={axis}"] if axis is not None else []) + (["keep_dims=True"] if keep else [])
         return E(f"{f}({', '.join(args)})", tuple(None if a in axes else d for a, d in enumerate(x.dims) if keep or a not in axes))
 
     def alloc(self, f, e):
-        shape, dims = e.args[0], []
-        for item in shape.items if isinstance(shape, (A.ListExpr, A.TupleExpr)) else [shape]:
-            v = self.env.get(item.id) if isinstance(item, A.Name) else None
-            if isinstance(v, TileVar):
-                dims.append(v.dim)
-            elif isinstance(item, A.Num):
-                dims.append(Dim("", str(item.value), None, None, item.value))
-            elif (size := self.size(item)) is not None:  # x.shape[d]: a whole dimension
-                dims.append(self.whole(size, *self.facts[item.value.value.id][2][literal(item.index[0])][:2]))
-            elif isinstance(item, A.Name) and self.facts.get(item.id, ("",))[0] == "I":
-                self.params[item.id] = ("value", item.id)
-                dims.append(self.whole(item.id, *self.facts[item.id][1]))
-            else:
-                raise NkError("a tile shape lists tiles, tensor sizes (x.shape[i]) and host ints", item.span)
+        shape = e.args[0]
+        dims = tuple(map(self.shape_dim, shape.items if isinstance(shape, (A.ListExpr, A.TupleExpr)) else [shape]))
         rest = [self.expr(a).text for a in e.args[1:]] + [f"{k}={self.expr(v).text}" for k, v in e.kwargs]
-        return E(f"{f}([{', '.join(d.block for d in dims)}]{''.join(', ' + r for r in rest)})", tuple(dims))
+        return E(f"{f}([{', '.join(d.block for d in dims)}]{''.join(', ' + r for r in rest)})", dims)
+
+    def shape_dim(self, item) -> Dim:
+        """A dimension of the block zeros() or full() makes: a tile, or a whole size the host knows (x.shape[i], 16)."""
+        v = self.env.get(item.id) if isinstance(item, A.Name) else None
+        if isinstance(v, TileVar):
+            return v.dim
+        return self.whole(self.scalar(item).text, self.known(item, "a tile shape's entry (a tile, or a size)"))

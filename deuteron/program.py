@@ -6,39 +6,19 @@
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
-import threading
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-import newtc
 from newtc import ast as A
+from newtc.cli import stage_text
 from newtc.errors import NkError, flag
 from newtc.syntax import parse_cached as parsed
 
 from . import lang, lower, search, store
-
-_modules, _lock = {}, threading.Lock()  # generated text -> newt Module: equal text compiles and loads once
-
-
-def size_facts(n) -> tuple:
-    """What a size proves: its whole block (the next power of two) and the power of two dividing it."""
-    n = int(n)
-    return 1 << max(0, (n - 1).bit_length()), n & -n
-
-
-def facts(v, constexpr: bool):
-    """The part of a host value that the generated text depends on."""
-    if isinstance(v, torch.Tensor):
-        if v.dtype not in lang.DTYPE_OF:
-            raise NkError(f"tensors of {v.dtype} are not supported")
-        return "T", lang.DTYPE_OF[v.dtype].name, tuple((*size_facts(s), st == 1) for s, st in zip(v.shape, v.stride()))
-    if constexpr or isinstance(v, bool) or not isinstance(v, (int, float)):
-        return ("K" if constexpr else "C"), v
-    return ("I", size_facts(v)) if isinstance(v, int) else ("F",)
 
 
 def signature(args, kwargs) -> tuple:
@@ -50,34 +30,22 @@ def signature(args, kwargs) -> tuple:
     return (*map(one, args), *((k, one(v)) for k, v in kwargs.items()))
 
 
-def device_of(args, kwargs) -> torch.device:
-    return next((a.device for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)), torch.device("cpu"))
-
-
-@functools.cache
-def programs(device: torch.device) -> int:
-    """How many programs a persistent grid starts: one per SM (4 in the interpreter)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
-class Launch:
+class Launch(NamedTuple):
     """One kernel launch of a call, its arguments bound; calling it launches."""
-
-    def __init__(self, low: lower.Lowered, kernel, grid: int, args: list, meta: dict):
-        self.low, self.kernel, self.grid, self.args, self.meta = low, kernel, grid, args, meta
+    low: lower.Lowered
+    args: list
 
     def __call__(self):
-        try:
-            self.kernel[(self.grid,)](*self.args, **self.meta)
-        except NkError as e:
-            raise self.low.remap(e) from None
+        self.low.run(self.low.kernel[(self.low.grid,)], *self.args, **self.low.meta)
 
     def compile(self, until: str = "cubin", arch: str = "sm_90a"):
         """newt's pipeline output (newtc.compiler.Output) for this launch; no GPU needed."""
-        try:
-            return self.kernel.output(self.args, self.meta, until, arch)
-        except NkError as e:
-            raise self.low.remap(e) from None
+        return self.low.run(self.low.kernel.output, self.args, self.low.meta, until, arch)
+
+    def stage(self, emit: str, arch: str = "sm_90a") -> str:
+        """What `newtc --emit` prints for this launch: ir, cuda, ptx or sass."""
+        kernel = self.low.kernel
+        return self.low.run(stage_text, kernel.module.ast, kernel.name, kernel.specialize(self.args, self.low.meta, arch), emit)
 
 
 class Program:
@@ -94,25 +62,16 @@ class Program:
         raise AttributeError(f"{self.__dict__.get('filename')} has no tile program '{name}'")
 
 
-def tile_loops(stmts, nested: bool) -> list:
-    """The tile loops among these statements in program order: the launch grids, or (nested) all of them."""
-    out = []
-    for s in stmts:
-        inner = getattr(s, "body", []) + getattr(s, "orelse", [])
-        out += [s] + (tile_loops(inner, True) if nested else []) if lang.is_tiles(s) else tile_loops(inner, nested)
-    return out
-
-
 class TileFunction:
     def __init__(self, program: Program, d: A.FuncDef):
-        self.program, self.defn, self.name, self.loops = program, d, d.name, tile_loops(d.body, False)
+        self.program, self.defn, self.name = program, d, d.name
         self.constexprs = {p.name for p in d.params if lang.is_tunable(p) or lang.is_constexpr_annot(p.annotation)}
+        self.tunables = lang.Interp(program.defs, None).tunables(d)
         lines = program.ast.source.splitlines()
         text = "\n".join("\n".join(lines[x.span.line - 1:x.span.end_line]) for x in [d, *program.defs.values()])
         self.hash = hashlib.sha256(text.encode()).hexdigest()[:16]  # what a stored config is valid for
         self.taken = lower.names_in(program.ast.defs) | {x.name for x in program.ast.defs}
-        self.names = {id(s): lower.names_in(s) for s in self.loops}  # what each grid's text depends on
-        self.lowered, self.fast, self.chosen, self.pinned, self.tuned = {}, {}, {}, None, {}
+        self.lowered, self.kernels, self.chosen, self.pinned, self.tuned = {}, {}, {}, None, {}
 
     def __repr__(self) -> str:
         return f"<deuteron tile program {self.name} from {self.program.filename}>"
@@ -128,7 +87,7 @@ class TileFunction:
 
     def eager(self, *args, **kwargs):
         """The tile program run by torch, each tile a whole slice: the oracle."""
-        return lang.Interp(self.program.defs, device_of(args, kwargs)).call(self.defn, args, kwargs)
+        return lang.Interp(self.program.defs, lang.device_of(args, kwargs)).call(self.defn, args, kwargs)
 
     def source(self, *args, config: dict | None = None, **kwargs) -> str:
         """The generated `.nk` text of this call's kernels."""
@@ -136,46 +95,22 @@ class TileFunction:
 
     def plan(self, args, kwargs, config: dict, poison: bool = False):
         """Run the host code: (the result, the launches it makes), nothing launched yet."""
-        launches, interp = [], lang.Interp(self.program.defs, device_of(args, kwargs), None, config, poison)
+        launches, interp = [], lang.Interp(self.program.defs, lang.device_of(args, kwargs), None, config, poison)
         call = (tuple(sorted(config.items())), signature(args, kwargs))  # the same call lowers the same way
 
         def grid(loop, env):
-            hit = self.fast.get((id(loop), call))
-            if hit is None:
-                low, kernel = self.lower(loop, env, config, interp)
-                meta = {**low.consts, "num_warps": config.get("num_warps", 4), "num_stages": config.get("num_stages", 1)}
-                hit = self.fast[(id(loop), call)] = low, kernel, low.grid_size(env, interp, programs(interp.device)), meta
-            launches.append(Launch(*hit[:3], hit[0].args(env), hit[3]))
+            key = (id(loop), call, tuple(env.get(n) for n in sorted(self.constexprs)))  # and floats passed as constexprs
+            if key not in self.lowered:
+                name = f"{self.name}_{len(launches)}" if launches else self.name  # a later grid of the call: name_1, ...
+                self.lowered[key] = lower.Lowered(self, env, interp, config, name, loop)
+            launches.append(Launch(self.lowered[key], self.lowered[key].args(env)))
 
         interp.hook = grid
         return interp.call(self.defn, args, kwargs), launches
 
-    def lower(self, loop: A.For, env: dict, config: dict, interp: lang.Interp):
-        host = tuple((n, facts(env[n], n in self.constexprs)) for n in sorted(self.names[id(loop)]) if n in env)
-        bounds = {}
-        for s in tile_loops([loop], True):
-            for arg in s.iter.args:
-                try:
-                    bounds[id(arg)] = size_facts(interp.expr(arg, env))
-                except (NkError, TypeError, ValueError, AttributeError):
-                    pass  # a bound the kernel computes (tm.end): its mask stays
-        key = (id(loop), tuple(sorted((k, str(v)) for k, v in config.items())), host, tuple(sorted(bounds.items())))
-        if key not in self.lowered:
-            name = self.name if len(self.loops) == 1 else f"{self.name}_{self.loops.index(loop)}"
-            low = lower.Lower(self.defn, self.program.ast, dict(host), bounds, config, name, self.taken).lower(loop)
-            with _lock:
-                if low.text not in _modules:
-                    try:
-                        _modules[low.text] = newtc.compile(low.text, low.file)
-                    except NkError as e:
-                        raise low.remap(e) from None
-            self.lowered[key] = low, getattr(_modules[low.text], low.name)
-        return self.lowered[key]
-
     def space(self, *args, **kwargs) -> search.Space:
         """The search space of this specialization, derived from what the lowering sees."""
-        tunables = lang.Interp(self.program.defs, device_of(args, kwargs)).tunables(self.defn)
-        return search.Space.derive([launch.low.info for launch in self.plan(args, kwargs, {})[1]], tunables)
+        return search.Space([launch.low for launch in self.plan(args, kwargs, {})[1]], self.tunables)
 
     def pin(self, config: dict | None) -> None:
         """Use this config for every call (None: back to tuning)."""
@@ -188,12 +123,10 @@ class TileFunction:
             return self.pinned
         sig = signature(args, kwargs)
         if sig not in self.chosen:
-            space, key = self.space(*args, **kwargs), store.key(self, args, kwargs)
-            config = store.load(key, space) if device_of(args, kwargs).type == "cuda" else space.default()
-            if config is None:
-                off = os.environ.get("DEUTERON_AUTOTUNE", "1").strip().lower() in ("0", "false", "no", "off")
-                config = space.default() if off else self.tune(*args, **kwargs)
-            self.chosen[sig] = config
+            space, cuda = self.space(*args, **kwargs), lang.device_of(args, kwargs).type == "cuda"
+            stored = store.load(store.key(self, args, kwargs), space) if cuda else None
+            tune = cuda and stored is None and ("DEUTERON_AUTOTUNE" not in os.environ or flag("DEUTERON_AUTOTUNE"))
+            self.chosen[sig] = self.tune(*args, **kwargs) if tune else stored or space.default()
         return self.chosen[sig]
 
     def tune(self, *args, effort: str = "quick", budget: float | None = None, **kwargs) -> dict:

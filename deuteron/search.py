@@ -14,8 +14,11 @@ import math
 import random
 import time
 
-WARPS, PER_THREAD = [1, 2, 4, 8, 16], 128
+PER_THREAD = 128  # elements a block may hold per thread
 EFFORT = {"quick": (12, 1, 40.0), "full": (48, 2, 600.0)}  # population, move radius, seconds
+# The knobs besides block sizes: their choices, default, and the lower.Lowered field saying where they apply (None: always).
+KNOBS = {"num_warps": ([1, 2, 4, 8, 16], 4, None), "num_stages": ([1, 2, 3, 4], 2, "loops"),
+         "persistent": ([False, True], False, "loops"), "group": ([1, 4, 8, 16], 8, "group")}
 
 
 def key(config: dict) -> str:
@@ -23,33 +26,23 @@ def key(config: dict) -> str:
 
 
 class Space:
-    def __init__(self, choices: dict, values: set):
-        self.choices, self.values, self.defaults = choices, values, {}
+    """The configs of a call, derived from what the lowering saw of each of its grids (lower.Lowered)."""
 
-    @staticmethod
-    def derive(infos: list, tunables: dict) -> "Space":
-        tiles, dot, values, defaults = {}, set(), set(), {"num_warps": 4}
-        for info in infos:
-            tiles.update(info.tiles)
-            dot |= info.dot
-            values |= info.values
-        choices = {}
-        for var, fact in tiles.items():
+    def __init__(self, infos: list, tunables: dict):
+        tiles = {var: bound for info in infos for var, bound in info.tiles.items()}
+        dot, self.values = set().union(*(i.dot_tiles for i in infos)), set().union(*(i.values for i in infos))
+        self.choices, defaults = {}, {}
+        for var, bound in tiles.items():  # bound: the next power of two of the tile's bound, or None
             lo, cap = (16, 256) if var in dot else (1, 16384)
-            hi = max(lo, min(fact[0] if fact else cap, cap))
-            choices[f"block_{var}"] = [1 << k for k in range(lo.bit_length() - 1, hi.bit_length())]
+            hi = max(lo, min(bound or cap, cap))
+            self.choices[f"block_{var}"] = [1 << k for k in range(lo.bit_length() - 1, hi.bit_length())]
             defaults[f"block_{var}"] = min(64 if var in dot else 1024, hi)
-        choices["num_warps"] = WARPS
-        if any(i.loops for i in infos):
-            choices.update(num_stages=[1, 2, 3, 4], persistent=[False, True])
-            defaults.update(num_stages=2, persistent=False)
-        if any(i.group for i in infos):
-            choices["group"], defaults["group"] = [1, 4, 8, 16], 8
+        for name, (options, default, where) in KNOBS.items():
+            if where is None or any(getattr(i, where) for i in infos):
+                self.choices[name], defaults[name] = options, default
         for name, options in tunables.items():
-            choices[name], defaults[name] = list(options), options[0]
-        space = Space(choices, values)
-        space.defaults = space.shrink({k: defaults[k] for k in choices})
-        return space
+            self.choices[name], defaults[name] = list(options), options[0]
+        self.defaults = self.shrink({k: defaults[k] for k in self.choices})
 
     def elements(self, config: dict, shape: tuple) -> int:
         return math.prod(config.get(f"block_{d}", 1) if isinstance(d, str) else d for d in shape)
@@ -70,7 +63,7 @@ class Space:
             tiles = [f"block_{d}" for d in big if isinstance(d, str) and config[f"block_{d}"] > self.choices[f"block_{d}"][0]]
             if tiles:
                 config[max(tiles, key=config.get)] //= 2
-            elif config["num_warps"] < WARPS[-1]:
+            elif config["num_warps"] < KNOBS["num_warps"][0][-1]:
                 config["num_warps"] *= 2
             else:
                 return config

@@ -18,36 +18,33 @@ import torch
 import newtc.jit
 from newtc.cache import default_dir
 
+from .lang import device_of
+from .lower import next_pow2
+
 VERSION = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))).hexdigest()[:16]
 
 
-def directory() -> Path:
-    return Path(os.environ.get("DEUTERON_CACHE_DIR") or default_dir() / "deuteron")
-
-
 def arg_key(a):
+    """An argument's part of the key: a tensor's dtype, shape bucket, alignment and unit strides; an int's bucket."""
     if isinstance(a, torch.Tensor):
-        return [str(a.dtype).removeprefix("torch."), [1 << max(0, (s - 1).bit_length()) for s in a.shape],
-                a.data_ptr() % 16 == 0, [st == 1 for st in a.stride()]]
+        bucket = [next_pow2(s) for s in a.shape]
+        return [str(a.dtype).removeprefix("torch."), bucket, a.data_ptr() % 16 == 0, [st == 1 for st in a.stride()]]
     if isinstance(a, bool) or not isinstance(a, (int, float)):
         return repr(a)
-    return ["int", 1 << max(0, (abs(a) - 1).bit_length())] if isinstance(a, int) else "float"
+    return ["int", next_pow2(abs(a))] if isinstance(a, int) else "float"
 
 
 def key(fn, args, kwargs) -> dict:
-    device = next((a.device for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)), None)
-    gpu = torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else "cpu"
+    device = device_of(args, kwargs)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {"program": fn.name, "text": fn.hash, "args": [arg_key(a) for a in args],
             "kwargs": {k: arg_key(v) for k, v in sorted(kwargs.items())}, "gpu": gpu,
             "newt": newtc.jit.VERSION, "deuteron": VERSION}
 
 
-def digest(k: dict) -> str:
-    return hashlib.sha256(json.dumps(k, sort_keys=True).encode()).hexdigest()[:24]
-
-
 def path(k: dict) -> Path:
-    return directory() / f"{k['program']}-{digest(k)}.json"
+    digest = hashlib.sha256(json.dumps(k, sort_keys=True).encode()).hexdigest()[:24]
+    return Path(os.environ.get("DEUTERON_CACHE_DIR") or default_dir() / "deuteron") / f"{k['program']}-{digest}.json"
 
 
 def load(k: dict, space) -> dict | None:
@@ -56,9 +53,8 @@ def load(k: dict, space) -> dict | None:
         entry = json.loads(path(k).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(entry, dict) or entry.get("key") != k or not space.contains(entry.get("config")):
-        return None
-    return entry["config"]
+    ok = isinstance(entry, dict) and entry.get("key") == k and space.contains(entry.get("config"))
+    return entry["config"] if ok else None
 
 
 def save(k: dict, config: dict, **info) -> None:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import queue
 import statistics
 import sys
 import threading
 import time
-from concurrent import futures
+from multiprocessing.pool import ThreadPool
 
 import torch
 
@@ -20,19 +19,32 @@ from newtc import driver
 from newtc.errors import NkError
 
 from . import search
+from .lang import device_of
 
 TIMEOUT, START, COMPILE = 30.0, 300.0, 60.0  # seconds for a candidate (then a hang), a worker's start, a compile
 # f32 at tf32 precision: `dot` on f32 tiles runs on the tensor cores as tf32 by default, as in Triton
-TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 4e-2, torch.float32: 1e-2, torch.float64: 1e-6}
+TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 4e-2, torch.float32: 1e-2, torch.float64: 1e-6}  # others: exact
 
 
 class Wrong(AssertionError):
-    pass
+    """A candidate's result that differs from the oracle's."""
 
 
-def outputs(result, args) -> list:
+def outputs(result, args, kwargs=None) -> list:
     """What a call produces: its returned tensors and its tensor arguments (which it may write)."""
-    return [t for t in [*(result if isinstance(result, (tuple, list)) else [result]), *args] if isinstance(t, torch.Tensor)]
+    values = [*(result if isinstance(result, (tuple, list)) else [result]), *args, *(kwargs or {}).values()]
+    return [t for t in values if isinstance(t, torch.Tensor)]
+
+
+def copies(args: list, kwargs: dict, device=None) -> tuple:
+    """A call's arguments, each tensor copied (to `device`): a run writes only into its own."""
+    def copy(a):
+        return a.detach().to(device, copy=True) if isinstance(a, torch.Tensor) else a
+    return [copy(a) for a in args], {k: copy(v) for k, v in kwargs.items()}
+
+
+def why(e: BaseException) -> str:
+    return e.render(color=False) if isinstance(e, NkError) else repr(e)
 
 
 def check(got: list, want: list) -> None:
@@ -40,11 +52,8 @@ def check(got: list, want: list) -> None:
     for i, (g, w) in enumerate(zip(got, want)):
         if g.shape != w.shape or g.dtype != w.dtype:
             raise Wrong(f"output {i} is {g.dtype}{list(g.shape)}, the oracle's {w.dtype}{list(w.shape)}")
-        bad = g != w
-        if g.is_floating_point():
-            rel, g, w = TOLERANCE.get(g.dtype, 1e-6), g.double(), w.double()
-            tol = rel * (w.abs() + w.abs().nan_to_num(0, 0, 0).mean())
-            bad = ~((g - w).abs() <= tol) & (g != w) & ~(g.isnan() & w.isnan())
+        rel, g, w = TOLERANCE.get(g.dtype, 0.0), g.double(), w.double()
+        bad = ~torch.isclose(g, w, rtol=rel, atol=rel * w.abs().nan_to_num(0, 0, 0).mean().item(), equal_nan=True)
         if bad.any():
             raise Wrong(f"output {i}: {int(bad.sum())} of {g.numel()} elements differ from the oracle")
 
@@ -67,21 +76,21 @@ class Session:
 
     def __init__(self, setup, device: int):
         from .program import Program
-        text, filename, name, args, self.kwargs = setup
+        text, filename, name, args, kwargs = setup
         torch.cuda.set_device(device)
         self.fn = Program(text, filename).fns[name]
-        self.args = [a.to(f"cuda:{device}") if isinstance(a, torch.Tensor) else a for a in args]
-        clones = [a.clone() if isinstance(a, torch.Tensor) else a for a in self.args]
-        self.want = outputs(self.fn.eager(*clones, **self.kwargs), clones)
+        self.args, self.kwargs = copies(args, kwargs, f"cuda:{device}")
+        args, kwargs = copies(self.args, self.kwargs)
+        self.want = outputs(self.fn.eager(*args, **kwargs), args, kwargs)
         self.flush = torch.empty(256 << 20, dtype=torch.int8, device=f"cuda:{device}")  # 4x the H200's L2
 
     def run(self, config: dict, retime: bool) -> float:
-        args = [a.clone() if isinstance(a, torch.Tensor) else a for a in self.args]
-        result, plan = self.fn.plan(args, self.kwargs, config, poison=True)
+        args, kwargs = copies(self.args, self.kwargs)
+        result, plan = self.fn.plan(args, kwargs, config, poison=True)
         for launch in plan:
             launch()
         torch.cuda.synchronize()
-        check(outputs(result, args), self.want)
+        check(outputs(result, args, kwargs), self.want)
         return time_ms(lambda: [launch() for launch in plan], self.flush, 100 if retime else 20)
 
 
@@ -91,7 +100,7 @@ def worker(conn, device: int, setup) -> None:
         session = Session(setup, device)
         conn.send(("ready", None))
     except BaseException as e:
-        return conn.send(("error", e.render(color=False) if isinstance(e, NkError) else repr(e)))
+        return conn.send(("error", why(e)))
     while (job := conn.recv()) is not None:
         try:
             conn.send(("ok", session.run(*job)))
@@ -128,10 +137,10 @@ class Pool:
                     main.__file__ = saved[0]
         child.close()
         self.started += 1
-        kind, why = conn.recv() if conn.poll(START) else ("error", "no answer")
+        kind, reason = conn.recv() if conn.poll(START) else ("error", "no answer")
         if kind != "ready":
             self.stop(proc, conn)
-            raise NkError(f"an autotuning worker could not start (the oracle runs there): {why}")
+            raise NkError(f"an autotuning worker could not start (the oracle runs there): {reason}")
         self.procs[device] = proc, conn
 
     @staticmethod
@@ -144,45 +153,30 @@ class Pool:
         """(ms, None) or (inf, why)."""
         if device not in self.procs:
             self.start(device)
+        conn = self.procs[device][1]
         try:
-            self.procs[device][1].send(job)
-            if not self.procs[device][1].poll(self.timeout):
-                raise TimeoutError(f"no answer in {self.timeout:.0f} s: a hang")
-            kind, value = self.procs[device][1].recv()
-        except (EOFError, OSError) as e:
+            conn.send(job)
+            kind, value = conn.recv() if conn.poll(self.timeout) else ("fatal", f"no answer in {self.timeout:.0f} s: a hang")
+        except (EOFError, OSError) as e:  # the pipe broke: the process is gone
             kind, value = "fatal", f"the worker died ({e or type(e).__name__})"
-        except TimeoutError as e:
-            kind, value = "fatal", str(e)
         if kind == "fatal":
             self.stop(*self.procs.pop(device))
         return (value, None) if kind == "ok" else (float("inf"), f"{kind}: {value}")
 
     def map(self, jobs: list) -> list:
         """Runs (ready, job) pairs, ready() waiting for the job's compile and saying why it failed, or None."""
-        free = queue.Queue()
-        for device in self.devices:
-            free.put(device)
+        free, mine = list(self.devices), threading.local()
 
         def one(item):
-            why = item[0]()
-            if why:
-                return float("inf"), why
-            device = free.get()
-            try:
-                return self.run_on(device, item[1])
-            finally:
-                free.put(device)
+            failed = item[0]()
+            return (float("inf"), failed) if failed else self.run_on(mine.device, item[1])
 
-        with futures.ThreadPoolExecutor(len(self.devices)) as threads:  # an NkError (no worker starts) ends it
-            return list(threads.map(one, jobs))
+        with ThreadPool(len(self.devices), lambda: setattr(mine, "device", free.pop())) as threads:  # one per device
+            return threads.map(one, jobs, chunksize=1)  # an NkError (no worker starts) ends it
 
     def close(self):
-        for proc, conn in self.procs.values():
-            try:
-                conn.send(None)
-                proc.join(timeout=5)
-            finally:
-                self.stop(proc, conn)
+        for proc, conn in self.procs.values():  # idle workers: nothing of theirs is lost
+            self.stop(proc, conn)
         self.procs.clear()
 
 
@@ -191,13 +185,12 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
     Returns (config, {"ms", "tried", "rejected", "seconds"})."""
     begin = time.monotonic()
     if pool is None:
-        device = next(a.device for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor))
-        name, first = torch.cuda.get_device_name(device), device.index or 0
-        devices = [first] + [i for i in range(torch.cuda.device_count())
-                             if i != first and torch.cuda.get_device_name(i) == name]  # alike GPUs time alike
-        host = [a.detach().cpu() if isinstance(a, torch.Tensor) else a for a in args]
-        pool, arch = Pool((fn.program.ast.source, fn.program.filename, fn.name, host, kwargs), devices), driver.arch(first)
-    slots, done, rejected, best = threading.Semaphore(os.cpu_count() or 2), threading.Event(), {}, [float("inf")]
+        first = device_of(args, kwargs).index or 0
+        name = torch.cuda.get_device_name(first)
+        devices = [first] + [i for i in range(torch.cuda.device_count()) if i != first and torch.cuda.get_device_name(i) == name]
+        setup = (fn.program.ast.source, fn.program.filename, fn.name, *copies(args, kwargs, "cpu"))
+        pool, arch = Pool(setup, devices), driver.arch(first)  # alike GPUs time alike
+    compiles, rejected, best = ThreadPool(os.cpu_count() or 2), {}, [float("inf")]  # daemon threads: see prepare
     deadline = begin + (search.EFFORT[effort][2] if budget is None else budget)
     try:
         from tqdm import tqdm
@@ -206,34 +199,26 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
         bar = None
 
     def prepare(config):
-        """Lower here (the parser is not thread-safe), compile in a thread; ready() says why not, or None."""
+        """Lower, parse and check here (the parser is not thread-safe), then NVRTC in a daemon thread of `compiles`
+        (one still running when the session ends does not hold up the exit); ready() says why it failed, or None."""
         try:
-            plan = fn.plan(args, kwargs, config)[1]
+            plan = [(launch.low.kernel, launch) for launch in fn.plan(args, kwargs, config)[1]]
         except NkError as e:
-            return lambda: f"error: {e.render(color=False)}"
-        future = futures.Future()
-
-        def build():  # in a daemon thread: a compile still running when the session ends does not hold up the exit
-            with slots:
-                if not done.is_set() and future.set_running_or_notify_cancel():
-                    try:
-                        future.set_result([launch.kernel.binary(launch.args, launch.meta, arch) for launch in plan])
-                    except BaseException as e:
-                        future.set_exception(e)
-        threading.Thread(target=build, daemon=True).start()
+            return lambda: f"error: {why(e)}"
+        job = compiles.apply_async(lambda: [kernel.binary(launch.args, launch.low.meta, arch) for kernel, launch in plan])
 
         def ready():
             try:  # a compile still running well past the budget is not waited for
-                future.result(timeout=max(1.0, min(COMPILE, deadline + 5 - time.monotonic())))
-            except futures.TimeoutError:
+                job.get(max(1.0, min(COMPILE, deadline + 5 - time.monotonic())))
+            except multiprocessing.TimeoutError:
                 return "error: the compile took too long"
             except Exception as e:  # noqa: BLE001 - any failure to compile rejects this candidate only
-                return f"error: {e.render(color=False) if isinstance(e, NkError) else repr(e)}"
+                return f"error: {why(e)}"
         return ready
 
     def measure(configs, retime=False):
         results = pool.map([(prepare(c), (c, retime)) for c in configs])
-        rejected.update((search.key(c), why) for c, (_, why) in zip(configs, results) if why)
+        rejected.update((search.key(c), reason) for c, (_, reason) in zip(configs, results) if reason)
         best[0] = min([best[0], *(ms for ms, _ in results)])
         if bar is not None:
             bar.update(len(configs))
@@ -246,7 +231,7 @@ def tune(fn, args, kwargs, space: search.Space, effort: str, budget: float | Non
         if bar is not None:
             bar.close()
         pool.close()
-        done.set()
+        compiles.terminate()  # compiles not started are dropped
     info = {"ms": min(t[1] for t in tried.values()), "tried": len(tried), "rejected": len(rejected),
             "seconds": time.monotonic() - begin}
     if info["ms"] == float("inf"):
