@@ -166,8 +166,8 @@ def run(quick=False):
                 cached = second_process_ms(int(shape.split("^")[0]))
             except Exception as e:
                 cached = failure(e)
-        rows.append({"kernel": kernel, "shape": shape, f"deuteron {unit}": rate["deuteron"],
-                     f"stdlib {unit}": rate["stdlib"], f"Triton {unit}": rate["Triton"],
+        rows.append({"kernel": kernel, "shape": shape, "unit": unit, "deuteron": rate["deuteron"],
+                     "stdlib": rate["stdlib"], "Triton": rate["Triton"],
                      "deuteron/stdlib": ratio(ms["stdlib"], ms["deuteron"]),
                      "deuteron/Triton": ratio(ms["Triton"], ms["deuteron"]),
                      "tune s": tune_s, "configs tried": tried,
