@@ -56,6 +56,16 @@ def record_launches() -> None:
                       (ops.sum(x), x.sum(-1)), (ops.mean(x), x.mean(-1)), (ops.amax(x), x.amax(-1)),
                       (ops.transpose(x), x.t())]:
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    a, b, bias = torch.randn(33, 40, generator=g), torch.randn(40, 24, generator=g), torch.randn(24, generator=g)
+    for got, want in [(ops.matmul(a, b), a @ b), (ops.matmul(a, b, bias=bias), a @ b + bias)]:
+        torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)  # tf32 by default
+    q, k, v = (torch.randn(1, 2, 40, 64, generator=g).half() for _ in range(3))
+    o, lse = torch.full_like(q, float("nan")), torch.full((1, 2, 40), float("nan"))
+    newtc.load(ROOT / "stdlib" / "attention.nk").attention_fwd[(2, 2)](
+        q, k, v, o, lse, 40, 40, 2, 2, 0.125, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+        BM=32, BN=32, D=64, CAUSAL=False, num_warps=4, num_stages=1)
+    want = torch.softmax(q.float() @ k.float().transpose(-1, -2) * 0.125, -1) @ v.float()
+    torch.testing.assert_close(o.float(), want, atol=1e-2, rtol=1e-2)
 
 
 def positions(text: str) -> list[tuple[int, int]]:
