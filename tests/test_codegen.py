@@ -541,3 +541,22 @@ def test_masked_vector_load_fills_then_loads():
     body = loop_body(generated(s).source)
     assert re.search(r"u\.e\[7\] = [^;]+; if \([^)]+\) u\.w = \*", body), body[:2000]
     assert "} else {" not in body
+
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_parameters_named_like_cpp_keywords_and_cuda_functions_compile(arch):
+    """Names a .nk program may use that C++ or the generated source reserves: keywords (do, new, class),
+    CUDA's types (uint4) and the functions that the source calls (sqrtf): renamed, never a clash, also when
+    a parameter is specialized as 1."""
+    module = syntax.parse("kernel k(do, new, uint4, sqrtf, max, n, BLOCK: constexpr):\n"
+                          "    int = arange(0, BLOCK)\n"
+                          "    class = load(do + int * n) * max\n"
+                          "    store(new + int, sqrt(class) + sqrtf)\n"
+                          "    store(uint4 + int, maximum(class, 0.5))\n", "names.nk")
+    sig = dict(do=Ptr(f32), new=Ptr(f32), uint4=Ptr(f32), sqrtf=f32, max=f32, n=i32)
+    for ones in ((), ("n",)):
+        spec = compiler.Spec(sig, {"BLOCK": 128}, arch=arch, ones=ones)
+        gen = compiler.compile(module, "k", spec, until="cuda").cuda
+        assert "float* do_arg" in gen.source and "float sqrtf_arg" in gen.source
+        assert nvrtc.compile(gen.source, gen.name, arch).cubin

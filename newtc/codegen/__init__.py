@@ -16,9 +16,14 @@ from ..layout import Layout, dim_bits, log2, rename
 from . import cexpr
 from .prelude import PRELUDE
 
-KEYWORDS = {"int", "float", "double", "char", "short", "long", "unsigned", "signed", "bool", "void", "auto",
-            "new", "delete", "default", "case", "switch", "goto", "class", "struct", "union", "template",
-            "this", "const", "static", "register", "volatile", "extern", "operator", "private", "public"}
+# C++20 keywords and alternative tokens that are not Python keywords (those cannot be .nk names)
+KEYWORDS = set("""alignas alignof asm auto bitand bitor bool case catch char char8_t char16_t char32_t class compl
+    concept const consteval constexpr constinit const_cast co_await co_return co_yield decltype default delete do
+    double dynamic_cast enum explicit export extern float friend goto inline int long mutable namespace new noexcept
+    not_eq nullptr operator or_eq private protected public register reinterpret_cast requires restrict short signed
+    sizeof static static_assert static_cast struct switch template this thread_local throw typedef typeid typename
+    union unsigned using virtual void volatile wchar_t xor xor_eq and_eq""".split())
+CALLED = re.compile(r"\b([A-Za-z_]\w*)\(")  # functions and casts the generated source calls: a parameter may not shadow one
 
 
 @dataclass
@@ -50,8 +55,9 @@ def bits_expr(var: str, bases) -> str:
 
 
 class Codegen:
-    def __init__(self, k: ir.Kernel, filename: str):
+    def __init__(self, k: ir.Kernel, filename: str, renamed: frozenset = frozenset()):
         self.k = k
+        self.renamed = renamed  # parameter names that clashed with a name the generated source calls
         self.file_literal = filename.replace("\\", "/").replace('"', "'")  # #line takes no escapes in NVRTC
         self.out: list[str] = []
         self.head: list[str] = []
@@ -267,10 +273,10 @@ class Codegen:
         k = self.k
         params = []
         for p in k.params:
-            self.names[id(p)] = param_name(p.name)
+            self.names[id(p)] = param_name(p.name, self.renamed)
             t = cexpr.ctype(p.type.dtype)
             if p.name in k.spec.ones:  # specialized as 1: the constant lets NVRTC fold the arithmetic
-                params.append(f"{t} {p.name}_arg")
+                params.append(f"{t} nk_unit_{len(params)}")
                 self.head.append(f"  const {t} {self.names[id(p)]} = 1;")
             else:
                 params.append(f"{t} {self.names[id(p)]}")
@@ -296,13 +302,23 @@ RULES = {"for": Codegen.loop, "if": Codegen.branch, "store": memory.store, "load
          "barrier": lambda cg, op: cg.emit("__syncthreads();"),
          "fence_async": lambda cg, op: cg.emit('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");')}
 
-GENERATED = re.compile(r"(nk_\w*|L\d+|\w+_\d+|__\w*|threadIdx|blockIdx|blockDim|gridDim|warpSize)")
+GENERATED = re.compile(r"(nk_\w*|L\d+|\w+_\d+|__\w*|threadIdx|blockIdx|blockDim|gridDim|warpSize|\w+_t"
+                       r"|u?(char|short|int|long|longlong)[1-4]|(float|double)[1-4]|half2?)")  # and CUDA's types
 
 
-def param_name(name: str) -> str:
+def param_name(name: str, renamed: frozenset = frozenset()) -> str:
     """The .nk name, unless it could collide with a C++ keyword, a CUDA builtin or a generated name."""
-    return name if name not in KEYWORDS and not GENERATED.fullmatch(name) else f"{name}_arg"
+    clash = name in KEYWORDS or name in renamed or GENERATED.fullmatch(name)
+    return f"{name}_arg" if clash else name
 
 
 def generate(k: ir.Kernel, filename: str) -> Generated:
-    return Codegen(k, filename).generate()
+    """The kernel's CUDA source. A parameter named like a function or type that the source calls (expf, max,
+    uint4) would shadow it in the kernel's body: such parameters are renamed and the source made again."""
+    renamed = frozenset()
+    while True:
+        g = Codegen(k, filename, renamed).generate()
+        clashes = set(CALLED.findall(g.source)) & {p.name for p in k.params} - renamed
+        if not clashes:
+            return g
+        renamed |= clashes
