@@ -9,6 +9,8 @@ so does a verifier's finding (NEWT_VERIFY: the IR after every pass, the interpre
 CI runs a fixed-seed sample. A longer run, for the team:
 
     NEWT_FUZZ=20000 NEWT_FUZZ_SEED=1 python -m pytest -q -s tests/test_fuzz.py
+
+NEWT_FUZZ_FIRST=5000 NEWT_FUZZ=5000 runs mutants 5000 to 9999 of the seed: one seed's run split over processes.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from newtc.types import Ptr
 ROOT = Path(__file__).resolve().parent.parent
 COUNT = int(os.environ.get("NEWT_FUZZ", "300"))
 SEED = int(os.environ.get("NEWT_FUZZ_SEED", "0"))
+FIRST = int(os.environ.get("NEWT_FUZZ_FIRST", "0"))  # the first mutant's index: a long run split over processes
 NVRTC_EVERY = int(os.environ.get("NEWT_FUZZ_NVRTC_EVERY", "4"))  # NVRTC is the slow stage: one mutant in 4
 TIMEOUT_S = 60  # per mutant, all stages: far above any here (a hang is a finding too)
 
@@ -328,12 +331,12 @@ def site(exc: BaseException) -> str:
     return f"{type(exc).__name__} at {Path(f.filename).name}:{f.lineno} ({f.name})"
 
 
-def fuzz(seed: int, count: int, tmp: Path) -> tuple[collections.Counter, list]:
+def fuzz(seed: int, count: int, tmp: Path, first: int = 0) -> tuple[collections.Counter, list]:
     tally, failures = collections.Counter(), []
     previous = signal.signal(signal.SIGALRM, _alarm)
     torch.manual_seed(seed)
     try:
-        for index in range(count):
+        for index in range(first, first + count):
             name, data, overrides = mutant(seed, index)
             signal.alarm(TIMEOUT_S)
             stage = kernel = ""
@@ -361,10 +364,10 @@ def test_mutants_give_results_or_diagnostics(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("NEWT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("NEWT_VERIFY", "1")  # the IR verifier after every pass, the interpreter's types per op
     start = time.perf_counter()
-    tally, failures = fuzz(SEED, COUNT, tmp_path)
+    tally, failures = fuzz(SEED, COUNT, tmp_path, FIRST)
     by_site = collections.Counter(f[4] for f in failures)
     with capsys.disabled():
-        print(f"\nfuzz seed {SEED}: {COUNT} mutants in {time.perf_counter() - start:.0f} s, {dict(tally)}, "
+        print(f"\nfuzz seed {SEED}: mutants {FIRST} to {FIRST + COUNT - 1} in {time.perf_counter() - start:.0f} s, {dict(tally)}, "
               f"{len(failures)} failures at {len(by_site)} sites")
         for s, n in by_site.most_common():
             print(f"  {n:5d}  {s}")
