@@ -12,12 +12,12 @@ import inspect
 import math
 
 import numpy as np
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import ast as A
 from . import ir
 from .errors import NkError, Span
-from .types import DTYPES, DType, Ptr, Type, bf16, bool_, f16, f32, f64, i32, i64, promote
+from .types import DTYPES, FP8, DType, Ptr, Type, bool_, f32, f64, i32, i64, promote
 
 BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod", "<<": "shl",
           ">>": "shr", "&": "and", "|": "or", "^": "xor", "<": "lt", "<=": "le", ">": "gt", ">=": "ge",
@@ -52,6 +52,44 @@ class Method:
 class Func:
     """A builtin or a helper, named: what a call's callee evaluates to (a string is only a string)."""
     name: str
+
+
+@dataclass(frozen=True)
+class BlockPtr:
+    """make_block_ptr's value: a compile-time record of runtime scalars (a TMA descriptor's fields and a tile's
+    coordinates). Loops and `if`s carry its scalars; load and store expand it (block_access)."""
+    base: ir.Value
+    shape: tuple
+    strides: tuple
+    offsets: tuple
+    block_shape: tuple
+    order: tuple
+
+    def leaves(self) -> list:
+        return [self.base, *self.shape, *self.strides, *self.offsets]
+
+    def rebuild(self, parts: list) -> "BlockPtr":
+        n = len(self.block_shape)
+        return replace(self, base=parts[0], shape=tuple(parts[1:1 + n]), strides=tuple(parts[1 + n:1 + 2 * n]),
+                       offsets=tuple(parts[1 + 2 * n:]))
+
+
+def leaves(v) -> list:
+    """The runtime parts a loop or an `if` carries for a value: itself, or a block pointer's scalars."""
+    return v.leaves() if isinstance(v, BlockPtr) else [v]
+
+
+def rebuild(v, parts: list):
+    return v.rebuild(parts) if isinstance(v, BlockPtr) else parts[0]
+
+
+def pairs(name: str, a, b, span: Span) -> list:
+    """The runtime parts of two values of one name (two branches, or a loop's start and end), side by side."""
+    if isinstance(a, BlockPtr) != isinstance(b, BlockPtr) or \
+            isinstance(a, BlockPtr) and (a.block_shape, a.order) != (b.block_shape, b.order):
+        raise NkError(f"'{name}' is {describe(a)} on one path and {describe(b)} on another", span,
+                      "a name keeps one kind of value, and a block pointer its block shape and order")
+    return list(zip(leaves(a), leaves(b)))
 
 
 def c_div(a, b):
@@ -231,6 +269,9 @@ class Checker:
                           "offset a pointer with + or -; compare or select pointers of one type")
         if dtype is None:
             dtypes = [v.type.dtype for v in runtime]
+            if any(d in FP8 for d in dtypes) and not all(d.is_float for d in dtypes):  # Triton's rule too
+                raise NkError(f"fp8 values mix only with floats: got {' and '.join(sorted({str(d) for d in dtypes}))}",
+                              span, "convert one operand first, e.g. x.to(f32)")
             dtype = dtypes[0] if dtypes else None
             for d in dtypes[1:]:
                 dtype = promote(dtype, d)
@@ -541,29 +582,24 @@ class Checker:
                               "assign a variable in both branches and return it after the `if`") from None
             branches.append((self.region, self.env))
             self.region = region
-        names = [n for n in set(branches[0][1]) | set(branches[1][1])
-                 if n in branches[0][1] and n in branches[1][1] and branches[0][1][n] is not branches[1][1][n]
-                 and (isinstance(branches[0][1][n], ir.Value) or isinstance(branches[1][1][n], ir.Value)
-                      or branches[0][1][n] != branches[1][1][n])]
-        names.sort()
-        types = []
-        for n in names:
-            a, b = branches[0][1][n], branches[1][1][n]
-            types.append(self.join_type(n, a, b, s.span))
+        b0, b1 = branches[0][1], branches[1][1]
+        names = sorted(n for n in set(b0) & set(b1) if b0[n] is not b1[n])
+        slots = {(n, i): (x, y) for n in names for i, (x, y) in enumerate(pairs(n, b0[n], b1[n], s.span))
+                 if x is not y and (isinstance(x, ir.Value) or isinstance(y, ir.Value) or x != y)}
+        types = {k: self.join_type(k[0], x, y, s.span) for k, (x, y) in slots.items()}
         outer = self.region
-        for region, env in branches:
+        for j, (region, env) in enumerate(branches):
             self.region = region
-            vals = [self.coerce(env[n], t, n, s.span) for n, t in zip(names, types)]
+            vals = [self.coerce(xy[j], types[k], k[0], s.span) for k, xy in slots.items()]
             self.emit("yield", vals, None, s.span)
         self.region = outer
-        op = ir.Op("if", [cond], [ir.Value(t, n) for n, t in zip(names, types)], {}, s.span,
+        op = ir.Op("if", [cond], [ir.Value(t, k[0]) for k, t in types.items()], {}, s.span,
                    [branches[0][0], branches[1][0]])
         self.region.ops.append(op)
         self.env = dict(before)
-        for n, v in zip(names, op.results):
-            self.env[n] = v
-        for n in set(branches[0][1]) & set(branches[1][1]) - set(names):
-            self.env[n] = branches[0][1][n]
+        results = dict(zip(slots, op.results))
+        for n in set(b0) & set(b1):
+            self.env[n] = rebuild(b0[n], [results.get((n, i), v) for i, v in enumerate(leaves(b0[n]))])
 
     def join_type(self, name: str, a, b, span: Span) -> Type:
         ta = a.type if isinstance(a, ir.Value) else None
@@ -624,40 +660,43 @@ class Checker:
         if bounds[0].type.shape or not bounds[0].type.dtype.is_int:
             raise NkError("range() bounds must be integer scalars", s.iter.span)
         carried = [n for n in assigned_names(s.body) if n in self.env and n != s.target.id
-                   and isinstance(self.env[n], (ir.Value, bool, int, float))]
-        types = {}
-        for n in carried:
-            v = self.env[n]
-            types[n] = v.type if isinstance(v, ir.Value) else Type((), literal_dtype(v))
+                   and isinstance(self.env[n], (ir.Value, bool, int, float, BlockPtr))]
         before = dict(self.env)
-        for attempt in range(3):
+        init = {(n, i): v for n in carried for i, v in enumerate(leaves(before[n]))}  # a slot per runtime part
+        slots = list(init)
+        types = {k: v.type if isinstance(v, ir.Value) else Type((), literal_dtype(v)) for k, v in init.items()}
+        for attempt in range(4):
             outer = self.region
-            body = ir.Region([ir.Value(bounds[0].type, s.target.id)] + [ir.Value(types[n], n) for n in carried])
+            body = ir.Region([ir.Value(bounds[0].type, s.target.id)] + [ir.Value(types[k], k[0]) for k in slots])
+            params = dict(zip(slots, body.params[1:]))
             self.region = body
             self.env = dict(before)
             self.env[s.target.id] = body.params[0]
-            for n, p in zip(carried, body.params[1:]):
-                self.env[n] = p
+            for n in carried:
+                self.env[n] = rebuild(before[n], [params.get((n, i), v) for i, v in enumerate(leaves(before[n]))])
             try:
                 self.block(s.body)
             except _Return:
                 raise NkError("`return` inside a runtime loop is not supported", span) from None
-            new = {n: self.join_type(n, self.env[n], body.params[1 + i], span) for i, n in enumerate(carried)}
+            ends = {(n, i): y for n in carried for i, (x, y) in enumerate(pairs(n, before[n], self.env[n], span))}
             self.region = outer
-            if all(new[n] == types[n] for n in carried):
+            kept = [k for k in slots if ends[k] is not params[k]]  # a part the body leaves as it is is not carried
+            new = {k: self.join_type(k[0], ends[k], params[k], span) for k in kept}
+            if kept == slots and all(new[k] == types[k] for k in slots):
                 break
-            types = new  # a literal or narrower init met a wider value in the body: widen and trace again
+            slots, types = kept, new  # a literal or narrower init met a wider value in the body: widen and trace again
         else:
             raise NkError("loop-carried types did not settle", span)
         self.region = body
-        self.emit("yield", [self.coerce(self.env[n], types[n], n, span) for n in carried], None, span)
+        self.emit("yield", [self.coerce(ends[k], types[k], k[0], span) for k in slots], None, span)
         self.region = outer
         self.env = dict(before)
-        inits = [self.coerce(before[n], types[n], n, span) for n in carried]
-        op = ir.Op("for", bounds + inits, [ir.Value(types[n], n) for n in carried], {}, span, [body])
+        inits = [self.coerce(init[k], types[k], k[0], span) for k in slots]
+        op = ir.Op("for", bounds + inits, [ir.Value(types[k], k[0]) for k in slots], {}, span, [body])
         self.region.ops.append(op)
-        for n, v in zip(carried, op.results):
-            self.env[n] = v
+        results = dict(zip(slots, op.results))
+        for n in carried:
+            self.env[n] = rebuild(before[n], [results.get((n, i), v) for i, v in enumerate(leaves(before[n]))])
 
     # ---- helpers -----------------------------------------------------------------------------
     def inline(self, d: A.FuncDef, args, kwargs, span: Span):
@@ -745,6 +784,8 @@ def describe(v) -> str:
         return f"the function '{v.name}'"
     if isinstance(v, DType):
         return f"the dtype {v}"
+    if isinstance(v, BlockPtr):
+        return f"a block pointer to {v.base.type.dtype.elem}{list(v.block_shape)}"
     if isinstance(v, str):
         return f"the string {v!r}"
     return f"{type(v).__name__} {v!r}"
@@ -801,8 +842,8 @@ def check(module: A.Module, name: str, spec) -> ir.Kernel:
             if isinstance(fixed, Ptr) != isinstance(t, Ptr) or (isinstance(fixed, Ptr) and fixed != t):
                 raise NkError(f"parameter '{p.name}' is declared {fixed.name} but got {t.name}", p.span)
             t = fixed
-        # a 16-bit float scalar travels as f32 (launch slots hold 32 or 64 bits) and is rounded on entry
-        v = ir.Value(Type((), f32 if t in (f16, bf16) else t), p.name)
+        # a 16- or 8-bit float scalar travels as f32 (launch slots hold 32 or 64 bits) and is rounded on entry
+        v = ir.Value(Type((), f32 if t.is_float and t.bits < 32 else t), p.name)
         params.append(v)
         c.env[p.name] = c.cast(v, t, p.span)
     try:
@@ -873,7 +914,8 @@ def scalar_access(ptr: ir.Value, what: str, v, span: Span) -> None:
 
 
 @builtin("load")
-def _load(c: Checker, span, ptr, mask=None, other=None):
+def _load(c: Checker, span, ptr, mask=None, other=None, *, boundary_check=None, padding_option=None):
+    ptr, mask, other = block_access(c, span, ptr, mask, other, boundary_check, padding_option, "load()")
     need_pointer(ptr, "load()", span)
     scalar_access(ptr, "the mask", mask, span)
     scalar_access(ptr, "other=", other, span)
@@ -888,7 +930,8 @@ def _load(c: Checker, span, ptr, mask=None, other=None):
 
 
 @builtin("store")
-def _store(c: Checker, span, ptr, value, mask=None):
+def _store(c: Checker, span, ptr, value, mask=None, *, boundary_check=None):
+    ptr, mask, _ = block_access(c, span, ptr, mask, None, boundary_check, None, "store()")
     need_pointer(ptr, "store()", span)
     scalar_access(ptr, "the value", value, span)
     scalar_access(ptr, "the mask", mask, span)
@@ -900,6 +943,76 @@ def _store(c: Checker, span, ptr, value, mask=None):
                       "the value must broadcast to the pointer's shape")
     value = c.to_shape(c.cast(value, ptr.type.dtype.elem, span), shape, span)
     c.emit("store", [c.to_shape(ptr, shape, span), value, mask], None, span)
+
+
+# ---- block pointers: Triton's make_block_ptr / advance, expanded at each load and store ----------
+def index_tuple(v, rank: int, what: str, span: Span) -> tuple:
+    if not isinstance(v, (tuple, list)) or len(v) != rank or not all(
+            type(x) is int or isinstance(x, ir.Value) and not x.type.shape and x.type.dtype.is_int for x in v):
+        raise NkError(f"{what} takes {rank} integers (one per block dimension), got {describe(v)}", span)
+    return tuple(v)
+
+
+@builtin("make_block_ptr")
+def _make_block_ptr(c: Checker, span, base, shape, strides, offsets, block_shape, order):
+    need_pointer(base, "make_block_ptr()", span)
+    if base.type.shape:
+        raise NkError(f"make_block_ptr() needs a scalar pointer, got {describe(base)}", span)
+    block = c.block_shape(block_shape, span)
+    order = c.constexpr(order, "the order", span)
+    if not block or not isinstance(order, (tuple, list)) or not all(type(d) is int for d in order) \
+            or sorted(order) != list(range(len(block))):
+        raise NkError(f"make_block_ptr(): order is a permutation of the {len(block)} dimensions of a block, fastest "
+                      f"varying first, got {describe(order)} for block_shape {list(block)}", span, "e.g. (1, 0)")
+    rank = len(block)
+    return BlockPtr(base, index_tuple(shape, rank, "make_block_ptr() shape", span),
+                    index_tuple(strides, rank, "make_block_ptr() strides", span),
+                    index_tuple(offsets, rank, "make_block_ptr() offsets", span), block, tuple(order))
+
+
+@builtin("advance")
+def _advance(c: Checker, span, base, offsets):
+    if not isinstance(base, BlockPtr):
+        raise NkError(f"advance() moves a block pointer (from make_block_ptr), got {describe(base)}", span)
+    steps = index_tuple(offsets, len(base.block_shape), "advance() offsets", span)
+    return replace(base, offsets=tuple(o if type(d) is int and d == 0 else c.binary("+", o, d, span)
+                                       for o, d in zip(base.offsets, steps)))
+
+
+def block_access(c: Checker, span, ptr, mask, other, boundary_check, padding_option, what: str):
+    """(pointers, mask, other) of a load or store: a block pointer becomes a block of pointers, and a mask of its
+    boundary-checked dimensions (0 <= index < shape, as in Triton); other arguments pass through."""
+    if not isinstance(ptr, BlockPtr):
+        if boundary_check is not None or padding_option is not None:
+            raise NkError(f"{what}: boundary_check and padding_option take a block pointer (from make_block_ptr)",
+                          span, "a block of pointers takes mask= and other=")
+        return ptr, mask, other
+    if mask is not None or other is not None:
+        raise NkError(f"{what} through a block pointer takes boundary_check= (and padding_option=), not mask= or other=",
+                      span)
+    rank, elem = len(ptr.block_shape), ptr.base.type.dtype.elem
+    check = c.constexpr(() if boundary_check is None else boundary_check, "boundary_check", span)
+    check = (check,) if type(check) is int else check
+    if not isinstance(check, (tuple, list)) or len(set(check)) != len(check) or \
+            not all(type(d) is int and 0 <= d < rank for d in check):
+        raise NkError(f"{what}: boundary_check names distinct dimensions of the block (0 to {rank - 1}), "
+                      f"got {describe(boundary_check)}", span, "e.g. boundary_check=(0, 1)")
+    if padding_option not in (None, "", "zero", "nan") or padding_option == "nan" and not elem.is_float:
+        raise NkError(f"{what}: padding_option is 'zero' or 'nan' (for floats), got {describe(padding_option)} "
+                      f"for {elem}", span)
+    base, mask = ptr.base, None
+    for d, n in enumerate(ptr.block_shape):
+        idx = c.binary("+", ptr.offsets[d], _arange(c, span, 0, n), span)
+        for a in range(rank):  # along dimension d of the block
+            if a != d:
+                shape = idx.type.shape[:a] + (1,) + idx.type.shape[a:]
+                idx = c.emit("expand_dims", [idx], Type(shape, idx.type.dtype), span, {"axis": a})
+        base = c.binary("+", base, c.binary("*", idx, ptr.strides[d], span), span)
+        if d in check:
+            inside = c.binary("&", c.binary(">=", idx, 0, span), c.binary("<", idx, ptr.shape[d], span), span)
+            mask = inside if mask is None else c.binary("&", mask, inside, span)
+    other = {"zero": 0, "nan": math.nan}.get(padding_option) if mask is not None else None
+    return base, mask, other
 
 
 @builtin("atomic_add", "atomic_max", "atomic_min", "atomic_xchg")
@@ -1063,6 +1176,9 @@ def _dot(c: Checker, span, a, b, acc=None, input_precision="tf32"):
     if input_precision not in ("tf32", "ieee"):
         raise NkError(f"input_precision must be 'tf32' or 'ieee', got {input_precision!r}", span,
                       "'tf32' runs f32 operands on the tensor cores, 'ieee' keeps full f32 (CUDA cores)")
+    if {a.type.dtype, b.type.dtype} & set(FP8):
+        raise NkError(f"dot() of fp8 blocks is not supported: {a.type} @ {b.type}", span,
+                      "convert the operands first, e.g. a.to(f16) @ b.to(f16)")
     if a.type.dtype != b.type.dtype:
         dt = promote(a.type.dtype, b.type.dtype)
         a, b = c.cast(a, dt, span), c.cast(b, dt, span)

@@ -25,7 +25,8 @@ from .errors import NkError, flag
 # The torch dtype an IR dtype has in memory (unsigned wider than a byte: the same-width signed type).
 _TORCH = {T.bool_: torch.bool, T.i8: torch.int8, T.i16: torch.int16, T.i32: torch.int32, T.i64: torch.int64,
           T.u8: torch.uint8, T.u16: torch.int16, T.u32: torch.int32, T.u64: torch.int64,
-          T.f16: torch.float16, T.bf16: torch.bfloat16, T.f32: torch.float32, T.f64: torch.float64}
+          T.f16: torch.float16, T.bf16: torch.bfloat16, T.f32: torch.float32, T.f64: torch.float64,
+          T.f8e4m3: torch.float8_e4m3fn, T.f8e5m2: torch.float8_e5m2}
 _MASK = {T.u16: 0xFFFF, T.u32: 0xFFFFFFFF}
 _I64_MIN = -(2 ** 63)
 
@@ -49,6 +50,8 @@ def _held(dt: T.DType) -> torch.dtype:
 
 def _fit(x: torch.Tensor, dt: T.DType) -> torch.Tensor:
     """Convert to dt's held form: torch's .to wraps ints like C and rounds floats to nearest even."""
+    if dt in T.FP8 and x.dtype != _TORCH[dt]:  # through f32 as the GPU does; e4m3 saturates (torch >= 2.12 too)
+        x = x.float().clamp(-448.0, 448.0) if dt == T.f8e4m3 else x.float()
     x = x.to(_held(dt))
     return x & _MASK[dt] if dt in _MASK else x
 
@@ -56,12 +59,12 @@ def _fit(x: torch.Tensor, dt: T.DType) -> torch.Tensor:
 def _const(v, dt: T.DType) -> torch.Tensor:
     if dt.is_int:  # any Python int, wrapped to 64 bits and then to dt like a C conversion
         return _fit(torch.tensor((int(v) - _I64_MIN) % 2 ** 64 + _I64_MIN), dt)
-    return torch.tensor(float(v) if dt.is_float else bool(v), dtype=_TORCH[dt])
+    return _fit(torch.tensor(float(v), dtype=torch.float64), dt) if dt.is_float else torch.tensor(bool(v))
 
 
 def _up(x: torch.Tensor) -> torch.Tensor:
-    """f16/bf16 math runs in f32 (the result is rounded back by _fit), as the CUDA does."""
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    """f16/bf16/fp8 math runs in f32 (the result is rounded back by _fit), as the CUDA does."""
+    return x.float() if x.is_floating_point() and x.element_size() < 4 else x
 
 
 def _np(x: torch.Tensor) -> np.ndarray:
@@ -192,6 +195,7 @@ def _reduce(st, op, x):
         return _fit(_up(x).sum(axis, keepdim=keep), out)
     if dt == T.u64:  # with the sign bit flipped, signed order is unsigned order
         x = x ^ _I64_MIN
+    x = _up(x)
     nan = x.isnan() if x.is_floating_point() else None
     if nan is not None:  # NaN-ignoring, like a tree of fmaxf/fminf
         x = torch.where(nan, float("-inf") if kind in ("max", "argmax") else float("inf"), x)

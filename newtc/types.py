@@ -48,7 +48,9 @@ bool_ = DType("bool", "b", 8)
 i8, i16, i32, i64 = (DType(f"i{b}", "i", b) for b in (8, 16, 32, 64))
 u8, u16, u32, u64 = (DType(f"u{b}", "u", b) for b in (8, 16, 32, 64))
 f16, bf16, f32, f64 = DType("f16", "f", 16), DType("bf16", "f", 16), DType("f32", "f", 32), DType("f64", "f", 64)
-DTYPES = {d.name: d for d in (bool_, i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16, f32, f64)}
+f8e4m3, f8e5m2 = DType("f8e4m3", "f", 8), DType("f8e5m2", "f", 8)  # torch's float8_e4m3fn and float8_e5m2
+FP8 = (f8e4m3, f8e5m2)
+DTYPES = {d.name: d for d in (bool_, i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16, f32, f64, f8e4m3, f8e5m2)}
 
 
 @dataclass(frozen=True)
@@ -93,8 +95,10 @@ def promote(a: DType, b: DType) -> DType:
         return a
     if a.is_float or b.is_float:
         if a.is_float and b.is_float:
-            if {a, b} == {f16, bf16}:
+            if {a, b} == {f16, bf16} or bf16 in (a, b) and (a in FP8 or b in FP8):
                 return f32
+            if a in FP8 and b in FP8:  # two different fp8 formats meet in f16
+                return f16
             return a if a.bits > b.bits else b
         return a if a.is_float else b
     if a.kind == "b":
@@ -112,6 +116,6 @@ def torch_dtype_name(t) -> str:
         "torch.bool": "bool", "torch.int8": "i8", "torch.int16": "i16", "torch.int32": "i32",
         "torch.int64": "i64", "torch.uint8": "u8", "torch.uint16": "u16", "torch.uint32": "u32",
         "torch.uint64": "u64", "torch.float16": "f16", "torch.bfloat16": "bf16",
-        "torch.float32": "f32", "torch.float64": "f64",
+        "torch.float32": "f32", "torch.float64": "f64", "torch.float8_e4m3fn": "f8e4m3", "torch.float8_e5m2": "f8e5m2",
     }
     return names.get(str(t), "")

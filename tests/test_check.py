@@ -15,7 +15,7 @@ from newtc.check import check
 from newtc.compiler import Spec
 from newtc.errors import NkError
 from newtc.syntax import parse
-from newtc.types import DTYPES, Ptr, Type, bf16, bool_, f16, f32, f64, i8, i16, i32, i64, u8, u32
+from newtc.types import DTYPES, Ptr, Type, bf16, bool_, f16, f32, f64, f8e4m3, f8e5m2, i8, i16, i32, i64, u8, u32
 
 # every op kind the checker may emit (ir.py's list); in particular no "call"
 KNOWN_KINDS = (ir.ELEMENTWISE | ir.VIEWS | {"const", "program_id", "num_programs", "arange", "load", "store",
@@ -70,6 +70,12 @@ def consts(k: ir.Kernel) -> list:
     (bool_, i8, i8),
     (u8, bool_, u8),
     (f32, f32, f32),
+    (f8e4m3, f8e4m3, f8e4m3),  # fp8, as Triton: two formats meet in f16, bf16 in f32
+    (f8e4m3, f8e5m2, f16),
+    (f8e5m2, f16, f16),
+    (bf16, f8e4m3, f32),
+    (f8e5m2, f32, f32),
+    (f64, f8e4m3, f64),
 ])
 def test_promotion_of_two_runtime_scalars(a, b, want):
     k = typed("t = a + b\n", {"a": a, "b": b})
@@ -77,7 +83,7 @@ def test_promotion_of_two_runtime_scalars(a, b, want):
     assert t.type == Type((), want)
     add = ops(k, "add")[0]
     assert [x.type.dtype for x in add.args] == [want, want]
-    half = {name for name, t in (("a", a), ("b", b)) if t in (f16, bf16)}  # such a scalar arrives as f32
+    half = {name for name, t in (("a", a), ("b", b)) if t.is_float and t.bits < 32}  # such a scalar arrives as f32
     entry = [op for op in ops(k, "cast") if op.args[0] in k.params and op.args[0].name in half]
     assert [op.args[0].type.dtype for op in entry] == [f32] * len(half)
     promotions = [op for op in ops(k, "cast") if op not in entry]

@@ -149,7 +149,7 @@ def test_error_inside_a_helper_points_into_the_helper():
 # ---- builtin calls ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("body, col, message, hint", [
     ("y = load(x, maks=n > 0)\n", 9, "load\\(\\): got an unexpected keyword argument 'maks'",
-     r"signature: load\(ptr, mask, other\)"),
+     r"signature: load\(ptr, mask, other, boundary_check, padding_option\)"),
     ("y = load(x, n > 0, 0.0, 1)\n", 9, r"load\(\): too many positional arguments", "signature"),
     ("y = load()\n", 9, r"load\(\): missing a required argument: 'ptr'", "signature"),
     ("y = arange(8)\n", 9, r"arange\(\): missing a required argument: 'end'", r"arange\(start, end\)"),
@@ -721,3 +721,50 @@ def test_a_float_constant_beyond_its_dtype_is_inf():
     mod.k[(1,)](x)
     assert x.tolist() == [float("inf"), float("-inf")]
     assert ".entry nk_k" in mod.k.ptx(x, arch="sm_90a")
+
+
+# ---- fp8 and block pointers ------------------------------------------------------------------------------------
+BP = "p = make_block_ptr(x, (n, 64), (64, 1), (0, 0), (16, 32), (1, 0))\n"
+
+
+@pytest.mark.parametrize("body, col, message, hint", [
+    ("y = load(x + arange(0, 8)).to(f8e4m3) + n\n", 9, "fp8 values mix only with floats: got f8e4m3 and i32",
+     r"x\.to\(f32\)"),
+    ("y = dot(zeros([16, 16], f8e5m2), zeros([16, 16], f8e5m2))\n", 9, "dot\\(\\) of fp8 blocks is not supported",
+     r"a\.to\(f16\)"),
+    ("p = make_block_ptr(n, (n,), (1,), (0,), (16,), (0,))\n", 9, r"make_block_ptr\(\) needs a pointer, got a scalar",
+     None),
+    ("p = make_block_ptr(x + arange(0, 4), (n,), (1,), (0,), (16,), (0,))\n", 9, "needs a scalar pointer", None),
+    ("p = make_block_ptr(x, (n,), (1, 1), (0,), (16,), (0,))\n", 9,
+     r"make_block_ptr\(\) strides takes 1 integers \(one per block dimension\), got tuple \(1, 1\)", None),
+    ("p = make_block_ptr(x, (n,), (1,), (0.5,), (16,), (0,))\n", 9, r"offsets takes 1 integers", None),
+    ("p = make_block_ptr(x, (n,), (1,), (0,), (12,), (0,))\n", 9, "block dimension 12 is not a power of two", None),
+    ("p = make_block_ptr(x, (n,), (1,), (0,), (n,), (0,))\n", 9, "each block dimension must be a compile-time",
+     "constexpr"),
+    ("p = make_block_ptr(x, (n, n), (1, 1), (0, 0), (16, 16), (0, 0))\n", 9, "order is a permutation of the 2 dim",
+     r"\(1, 0\)"),
+    ("p = advance(x, (1,))\n", 9, r"advance\(\) moves a block pointer \(from make_block_ptr\), got a scalar", None),
+    (BP + "p = advance(p, (1,))\n", 9, r"advance\(\) offsets takes 2 integers", None),
+    (BP + "y = load(p, mask=n > 0)\n", 9, r"load\(\) through a block pointer takes boundary_check=", None),
+    (BP + "y = load(p, boundary_check=(0, 2))\n", 9, r"boundary_check names distinct dimensions of the block \(0 to 1\)",
+     r"boundary_check=\(0, 1\)"),
+    (BP + "y = load(p, boundary_check=(1, 1))\n", 9, "boundary_check names distinct dimensions", None),
+    (BP + "y = load(p, boundary_check=(0,), padding_option='inf')\n", 9, "padding_option is 'zero' or 'nan'", None),
+    (BP + "store(p, 1.0, mask=n > 0)\n", 5, r"store\(\) through a block pointer takes boundary_check=", None),
+    (BP + "store(p, zeros([32, 16]))\n", 5, r"shapes \[16, 32\] and \[32, 16\] do not broadcast", None),
+    ("y = load(x, boundary_check=(0,))\n", 9, r"load\(\): boundary_check and padding_option take a block pointer",
+     "mask= and other="),
+    (BP + "y = p + 1\n", 9, "unsupported operands for '\\+': a block pointer to f32\\[16, 32\\] and int 1", None),
+    (BP + "for i in range(0, n):\n    p = make_block_ptr(x, (n,), (1,), (i,), (16,), (0,))\n", 5,
+     r"'p' is a block pointer to f32\[16, 32\] on one path and a block pointer to f32\[16\] on another", None),
+])
+def test_fp8_and_block_pointer_misuse(body, col, message, hint):
+    err = typing_error(body, "blockptr.nk")
+    assert_diagnostic(err, "blockptr.nk", 3 if body.startswith(BP) else 2, col, message, hint)
+
+
+def test_nan_padding_needs_floats():
+    err = typing_error("p = make_block_ptr(x, (n,), (1,), (0,), (16,), (0,))\ny = load(p, boundary_check=0, "
+                       "padding_option='nan')\n", "pad.nk", sig={"x": Ptr(i32), "n": i32})
+    assert_diagnostic(err, "pad.nk", 3, 9, "padding_option is 'zero' or 'nan' \\(for floats\\), got the string 'nan' "
+                      "for i32")

@@ -84,12 +84,25 @@ kernel mm(a, b, c, M, N, K, BM: constexpr, BN: constexpr, BK: constexpr):
         bv = load(b + rk[:, None] * N + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
         acc += av @ bv
     store(c + rm[:, None] * N + rn[None, :], acc.to(f16).to(f32), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+kernel tiles(x, out, x8, M, N, BM: constexpr, BN: constexpr):
+    p = make_block_ptr(x, (M, N), (N, 1), (program_id(0) * BM, 0), (BM, BN), (1, 0))
+    acc = zeros([BM, BN], f32)
+    for k in range(0, N, BN):
+        v = load(p, boundary_check=(0, 1), padding_option="zero").to(f8e5m2)
+        w = load(x8 + arange(0, BN))
+        acc += v.to(f32) * w[None, :] + (v * 2).to(f32)
+        p = advance(p, (0, BN))
+    q = make_block_ptr(base=out, shape=(M, N), strides=(N, 1), offsets=(program_id(0) * BM, 0), block_shape=(BM, BN),
+                       order=(1, 0))
+    store(q, acc.to(f8e4m3).to(f32), boundary_check=(0, 1))
 '''
 CORPUS = {p.name: p.read_text() for p in sorted((ROOT / "stdlib").glob("*.nk"))} | {"seeds.nk": SEEDS}
 
 # Launch arguments by parameter name (the stdlib names them consistently): mutants that rename or add
 # parameters still get a launch. Tensors are large enough for every kernel at these sizes.
-TENSORS = {"target": lambda: torch.randint(0, 50, (8,)), "idx": lambda: torch.randint(-9, 9, (1024,), dtype=torch.int32)}
+TENSORS = {"target": lambda: torch.randint(0, 50, (8,)), "idx": lambda: torch.randint(-9, 9, (1024,), dtype=torch.int32),
+           "x8": lambda: torch.randn(1024).to(torch.float8_e4m3fn)}
 SCALARS = {"n": 300, "n_cols": 50, "stride": 64, "out_stride": 64, "M": 20, "N": 12, "K": 24, "x_stride": 12,
            "eps": 1e-5, "scale": 0.5}
 CONSTEXPRS = {"BLOCK": 64, "BM": 16, "BN": 16, "BK": 16, "WARPS": 1, "VEC": 1, "OP": "sum"}
@@ -100,11 +113,13 @@ TOKEN = re.compile(r"[A-Za-z_]\w*|\d[\w.]*|'[^'\n]*'|\"[^\"\n]*\"|\*\*|//|<<|>>|
 BUILTIN_NAMES = ("program_id", "num_programs", "arange", "zeros", "full", "load", "store", "where", "cdiv", "minimum",
                  "maximum", "abs", "exp", "exp2", "log", "sqrt", "rsqrt", "sigmoid", "erf", "floor", "fma", "sum", "max",
                  "min", "argmax", "argmin", "reshape", "broadcast_to", "trans", "dot", "atomic_add", "atomic_max",
-                 "atomic_cas", "atomic_xchg", "static_range", "static_assert", "to", "shape", "dtype", "i8", "u32", "f64")
+                 "atomic_cas", "atomic_xchg", "static_range", "static_assert", "to", "shape", "dtype", "i8", "u32", "f64",
+                 "make_block_ptr", "advance", "f8e4m3", "f8e5m2")
 EXTRA = BUILTIN_NAMES + ("kernel", "def", "tile", "if", "elif", "else", "for", "in", "return", "pass", "and", "or", "not", "None",
          "True", "False", "inf", "nan", "constexpr", "static_range", "range", "static_assert", "print", "dot",
          "atomic_cas", "atomic_xchg", "full", "broadcast_to", "bitcast=True", "i64", "u64", "f16", "bf16", "bool",
          "0", "-1", "1.5", "2**31", "4294967296", "1e39", "0x7fffffffffffffff", "0.0", "\"mean\"", "x.shape[0:1]",
+         "boundary_check=(0, 1)", "padding_option=\"nan\"",
          "[1024]", "(1, 2)", "[]", "()", "[:, None]", "@", ":", ",", "=", "\t", "\\", "$")
 UNICODE = ("é", "λ", "𝑥", "\u200b", "\u2028", "\u202e", "\x00", "\x0c", "\ufeff", "中", "🙂", "\r", "\t")
 

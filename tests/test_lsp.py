@@ -230,7 +230,7 @@ async def test_completion_offers_builtins_with_signatures(client):
     for name in check.BUILTINS:
         assert by_label[name].kind == T.CompletionItemKind.Function
         assert by_label[name].detail.startswith(name + "(")
-    assert by_label["load"].detail == "load(ptr, mask=None, other=None)"
+    assert by_label["load"].detail == "load(ptr, mask=None, other=None, boundary_check=None, padding_option=None)"
     assert by_label["offs"].kind == T.CompletionItemKind.Variable and "f16" in by_label and "kernel" in by_label
     dot = await client.text_document_completion_async(
         T.CompletionParams(T.TextDocumentIdentifier(uri), at(text, "offs < n", offset=0)))

@@ -1,12 +1,13 @@
 """C types and the C expression of each elementwise op, one register at a time."""
 from __future__ import annotations
 
-from ..types import DType, Ptr, bf16, f16, f32, f64, i32, u32
+from ..types import FP8, DType, Ptr, bf16, f16, f32, f64, i32, u32
 
 CTYPES = {"bool": "bool", "i8": "signed char", "i16": "short", "i32": "int", "i64": "long long",
           "u8": "unsigned char", "u16": "unsigned short", "u32": "unsigned", "u64": "unsigned long long",
-          "f16": "nk_f16", "bf16": "nk_bf16", "f32": "float", "f64": "double"}
-HALF = (f16, bf16)
+          "f16": "nk_f16", "bf16": "nk_bf16", "f32": "float", "f64": "double", "f8e4m3": "nk_f8e4m3",
+          "f8e5m2": "nk_f8e5m2"}
+HALF = (f16, bf16, *FP8)  # storage types: math on them runs in f32
 MATH_F32 = {"exp": "nk_exp", "exp2": "nk_exp2", "log": "nk_log", "log2": "nk_log2", "sqrt": "sqrtf", "rsqrt": "rsqrtf",
             "sin": "sinf", "cos": "cosf", "tanh": "tanhf", "erf": "erff", "floor": "floorf", "ceil": "ceilf",
             "abs": "fabsf"}

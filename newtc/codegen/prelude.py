@@ -9,6 +9,52 @@ __device__ __forceinline__ float nk_tof(nk_f16 h) { float f; asm("cvt.f32.f16 %0
 __device__ __forceinline__ float nk_tof(nk_bf16 h) { return __uint_as_float(((unsigned)h.x) << 16); }
 __device__ __forceinline__ nk_f16 nk_to_f16(float f) { nk_f16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.x) : "f"(f)); return h; }
 __device__ __forceinline__ nk_bf16 nk_to_bf16(float f) { nk_bf16 h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.x) : "f"(f)); return h; }
+// fp8 as torch converts it: round to nearest even, e4m3 saturates to +-448 (inf too), e5m2 overflows to inf, a NaN
+// keeps its sign. sm_89+ converts with cvt; the software path is torch's (c10/util/Float8_*.h), for any arch
+// (-DNK_FP8_SOFTWARE selects it on any GPU: the tests run it so on an H200).
+#if __CUDA_ARCH__ >= 890 && !defined(NK_FP8_SOFTWARE)
+#define NK_FP8_CVT
+#endif
+struct nk_f8e4m3 { unsigned char x; };
+struct nk_f8e5m2 { unsigned char x; };
+template <int M, int BIAS, unsigned OVER, unsigned OVER_CODE> __device__ __forceinline__ unsigned char nk_f8_soft(float f) {
+  unsigned b = __float_as_uint(f) & 0x7fffffffu, r;
+  const unsigned magic = (unsigned)(151 - BIAS - M) << 23;  // adding it rounds a subnormal into the low bits, exactly
+  if (b >= OVER) r = b > 0x7f800000u ? 0x7f : OVER_CODE;
+  else if (b < (unsigned)(128 - BIAS) << 23) r = __float_as_uint(__uint_as_float(b) + __uint_as_float(magic)) - magic;
+  else r = min((b + ((unsigned)(BIAS - 127) << 23) + (1u << (22 - M)) - 1 + ((b >> (23 - M)) & 1)) >> (23 - M), OVER_CODE);
+  return (unsigned char)(r | ((__float_as_uint(f) >> 24) & 0x80));
+}
+__device__ __forceinline__ float nk_f8e4m3_soft(unsigned char x) {
+  unsigned e = (x >> 3) & 15, m = x & 7;
+  float a = (x & 0x7f) == 0x7f ? __int_as_float(0x7fc00000) : e ? __uint_as_float((e + 120) << 23 | m << 20) : m * 0.001953125f;
+  return __uint_as_float(__float_as_uint(a) | (x & 0x80u) << 24);
+}
+__device__ __forceinline__ nk_f8e4m3 nk_to_f8e4m3(float f) {
+#ifdef NK_FP8_CVT
+  unsigned short h; asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %1;" : "=h"(h) : "f"(f));
+  return {(unsigned char)((h & 0x7f) | ((__float_as_uint(f) >> 24) & 0x80))};
+#else
+  return {nk_f8_soft<3, 7, 1087u << 20, 0x7e>(f)};
+#endif
+}
+__device__ __forceinline__ nk_f8e5m2 nk_to_f8e5m2(float f) {
+#ifdef NK_FP8_CVT
+  unsigned short h; asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %1;" : "=h"(h) : "f"(f));  // saturates: torch gives inf
+  return {(unsigned char)((fabsf(f) < 61440.0f ? h & 0x7f : f != f ? 0x7f : 0x7c) | ((__float_as_uint(f) >> 24) & 0x80))};
+#else
+  return {nk_f8_soft<2, 15, 143u << 23, 0x7c>(f)};
+#endif
+}
+__device__ __forceinline__ float nk_tof(nk_f8e4m3 v) {
+#ifdef NK_FP8_CVT
+  unsigned h; asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((unsigned short)(v.x & 0x7f)));
+  return __uint_as_float(__float_as_uint(nk_tof(nk_f16{(unsigned short)h})) | (v.x & 0x80u) << 24);
+#else
+  return nk_f8e4m3_soft(v.x);
+#endif
+}
+__device__ __forceinline__ float nk_tof(nk_f8e5m2 v) { return nk_tof(nk_f16{(unsigned short)(v.x << 8)}); }  // an f16's top byte
 // Triton's choices for f32: exp/log through the approximate base-2 units (flushing subnormals, which
 // spares three fix-up instructions per call), full-range approximate division.
 __device__ __forceinline__ float nk_exp2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }

@@ -113,12 +113,37 @@ def infer(op: ir.Op) -> Facts:
     return unknown(rank)
 
 
+def meet(a: Facts, b: Facts) -> Facts:
+    """What holds of a value that is one of two (a loop-carried value: its start or a later iteration's)."""
+    return Facts(tuple(map(min, a.contig, b.contig)), tuple(map(min, a.div, b.div)), tuple(map(min, a.const, b.const)),
+                 a.value if a.value == b.value else None)
+
+
+def loop(op: ir.Op) -> None:
+    """A carried value's facts are those of its start met with its next value's, iterated until they settle (facts
+    only shrink); a loop that does not settle soon knows nothing of its carried values."""
+    body = op.regions[0]
+    body.params[0].facts = Facts((1,), (min(facts(op.args[0]).div[0], facts(op.args[2]).div[0]),), (1,))
+    carried = list(zip(body.params[1:], op.args[3:], body.ops[-1].args))
+    for p, init, _ in carried:
+        p.facts = facts(init)
+    for _ in range(8):
+        region(body)
+        new = [meet(facts(init), facts(nxt)) for p, init, nxt in carried]
+        if all(p.facts == f for (p, _, _), f in zip(carried, new)):
+            return
+        for (p, _, _), f in zip(carried, new):
+            p.facts = f
+    for p, _, _ in carried:
+        p.facts = None
+    region(body)
+
+
 def region(r: ir.Region) -> None:
     for op in r.ops:
         if op.kind == "for":
-            iv = op.regions[0].params[0]
-            iv.facts = Facts((1,), (min(facts(op.args[0]).div[0], facts(op.args[2]).div[0]),), (1,))
-        for sub in op.regions:
+            loop(op)
+        for sub in op.regions[op.kind == "for":]:
             region(sub)
         if len(op.results) == 1 and op.kind not in ("for", "if"):
             op.result.facts = infer(op)

@@ -38,27 +38,26 @@ class Pipeliner:
         self.stages = k.spec.num_stages
         self.defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
 
-    def depends_only_on(self, v: ir.Value, iv: ir.Value, inside: set) -> bool:
-        """v is computed by pure ops from the loop variable and values from outside the loop (`inside` holds
-        the loop's own values, its carried values included)."""
-        if v is None or v is iv or id(v) not in inside:
+    def depends_only_on(self, v: ir.Value, free: set, inside: set) -> bool:
+        """v is computed by pure ops from values in `free` (the loop variable, inductions) and values from outside
+        the loop (`inside` holds the loop's own values, its carried values included)."""
+        if v is None or id(v) in free or id(v) not in inside:
             return True
         op = self.defs.get(id(v))
-        return op is not None and op.kind in PURE and all(self.depends_only_on(a, iv, inside) for a in op.args)
+        return op is not None and op.kind in PURE and all(self.depends_only_on(a, free, inside) for a in op.args)
 
     @staticmethod
     def inside(body: ir.Region) -> set:
         return {id(v) for op in body.ops for v in op.results} | {id(p) for p in body.params}
 
-    def clone(self, v, iv, new_iv, memo: dict, inside: set, out: list):
-        """v with the loop variable replaced by new_iv: the ops between them copied into `out`."""
-        if v is None or (v is not iv and id(v) not in inside):
+    def clone(self, v, memo: dict, inside: set, out: list):
+        """v with the loop's values replaced as `memo` says (the loop variable and inductions of a later iteration):
+        the ops between them copied into `out`."""
+        if v is None or (id(v) not in memo and id(v) not in inside):
             return v
-        if v is iv:
-            return new_iv
         if id(v) not in memo:
             op = self.defs[id(v)]
-            args = [self.clone(a, iv, new_iv, memo, inside, out) for a in op.args]
+            args = [self.clone(a, memo, inside, out) for a in op.args]
             res = ir.Value(v.type, v.name, v.layout, v.facts)
             out.append(ir.Op(op.kind, args, [res], dict(op.attrs), op.span))
             memo[id(v)] = res
@@ -72,6 +71,37 @@ class Pipeliner:
     def const(self, out: list, value, dtype, span) -> ir.Value:
         return self.scalar(out, "const", [], dtype, span, value=value)
 
+    def inductions(self, loop: ir.Op, inside: set) -> list:
+        """Carried values that step by the same amount every iteration (p = p + d, d computed from values outside the
+        loop, as advance() and `ptrs += BK * stride` do): (param, start, kind, d)."""
+        body = loop.regions[0]
+        found = []
+        for p, start, nxt in zip(body.params[1:], loop.args[3:], body.ops[-1].args):
+            op = self.defs.get(id(nxt))
+            if op is not None and op.kind in ("add", "ptradd") and p in op.args:
+                d = op.args[1] if op.args[0] is p else op.args[0]
+                if d is not p and (op.kind == "add" or op.args[0] is p) and self.depends_only_on(d, set(), inside):
+                    found.append((p, start, op.kind, d))
+        return found
+
+    def later(self, out: list, memo: dict, inside: set, inductions: list, bases: list, times: int, span) -> None:
+        """Each induction `times` iterations on from its base (base + times * d), into memo."""
+        for (p, _, kind, d), base in zip(inductions, bases):
+            if times == 0:
+                memo[id(p)] = base
+                continue
+            d = self.clone(d, memo, inside, out)
+            k = self.const(out, times, d.type.dtype, span)
+            if d.type.shape:  # a block of steps: the constant in its layout
+                k = self.value(out, "splat", [k], d.type, d.layout, span)
+            memo[id(p)] = self.value(out, kind, [base, self.value(out, "mul", [k, d], d.type, d.layout, span)],
+                                     p.type, p.layout, span)
+
+    def value(self, out: list, kind: str, args: list, t: Type, layout, span) -> ir.Value:
+        res = ir.Value(t, "", layout)
+        out.append(ir.Op(kind, args, [res], {}, span))
+        return res
+
     def region(self, r: ir.Region) -> None:
         for op in list(r.ops):
             for sub in op.regions:
@@ -79,7 +109,7 @@ class Pipeliner:
             if op.kind == "for":
                 self.loop(r, op)
 
-    def candidates(self, body: ir.Region, iv: ir.Value) -> list:
+    def candidates(self, body: ir.Region, free: set) -> list:
         inside = self.inside(body)
         readers = {}
         for op in ir.walk(body):
@@ -98,21 +128,22 @@ class Pipeliner:
             reads = [u for u in readers[id(buf)] if u is not op]
             if not all(u.kind == "local_load" or "wgmma" in u.attrs for u in reads):
                 continue
-            if all(self.depends_only_on(a, iv, inside) for a in load.args[:2]):
+            if all(self.depends_only_on(a, free, inside) for a in load.args[:2]):
                 found.append((op, load, reads))
         return found
 
     def loop(self, parent: ir.Region, loop: ir.Op) -> None:
         body = loop.regions[0]
         iv = body.params[0]
-        found = self.candidates(body, iv)
+        inside = self.inside(body)
+        inductions = self.inductions(loop, inside)
+        found = self.candidates(body, {id(iv)} | {id(p) for p, *_ in inductions})
         if not found:
             return
         lo, hi, step = loop.args[:3]
         span = loop.span
         step_op = self.defs.get(id(step))
         down = step_op is not None and step_op.kind == "const" and step_op.attrs["value"] < 0
-        inside = self.inside(body)
         s_count = self.stages
         *_, yield_op = body.ops
         # a wgmma that only accumulates into a carried value may run on while the next iteration starts (one group
@@ -122,17 +153,18 @@ class Pipeliner:
                    == body.params.index(u.args[2])] if s_count >= 3 else []
         ahead_by = s_count - 1 - (1 if lagging else 0)
 
-        def copies(out: list, new_iv: ir.Value, slot: ir.Value, rings: list) -> None:
+        def copies(out: list, new_iv: ir.Value, bases: list, times: int, slot: ir.Value, rings: list) -> None:
             valid = self.scalar(out, "gt" if down else "lt", [new_iv, hi], bool_, span)
-            memo: dict = {}
+            memo: dict = {id(iv): new_iv}
+            self.later(out, memo, inside, inductions, bases, times, span)
             for (store, load, _), ring in zip(found, rings):
-                ptr = self.clone(load.args[0], iv, new_iv, memo, inside, out)
+                ptr = self.clone(load.args[0], memo, inside, out)
                 ok = ir.Value(Type(ptr.type.shape, bool_), "", ptr.layout)
                 out.append(ir.Op("splat", [valid], [ok], {}, span))
                 mask = load.args[1]
                 if mask is not None:
                     both = ir.Value(ok.type, "", ptr.layout)
-                    out.append(ir.Op("and", [self.clone(mask, iv, new_iv, memo, inside, out), ok], [both], {}, span))
+                    out.append(ir.Op("and", [self.clone(mask, memo, inside, out), ok], [both], {}, span))
                     ok = both
                 view = ir.Value(ring.type.with_dtype(ir.Buffer(ring.type.dtype.elem)), "smem", ring.layout)
                 out.append(ir.Op("slot", [ring, slot], [view], {}, load.span))
@@ -152,7 +184,7 @@ class Pipeliner:
                                                                                step], iv.type.dtype, span)],
                              iv.type.dtype, span)
             it.facts = iv.facts
-            copies(before, it, self.const(before, s, i32, span), rings)
+            copies(before, it, [start for _, start, *_ in inductions], s, self.const(before, s, i32, span), rings)
 
         # the loop: read slot r, write slot w, both carried
         r_slot, w_slot = ir.Value(Type((), i32), "slot_r"), ir.Value(Type((), i32), "slot_w")
@@ -168,7 +200,7 @@ class Pipeliner:
                                                                                       span), step], iv.type.dtype, span)],
                             iv.type.dtype, span)
         ahead.facts = iv.facts
-        copies(issue, ahead, w_slot, rings)
+        copies(issue, ahead, [p for p, *_ in inductions], ahead_by, w_slot, rings)
         dead = set()
         for (store, load, reads), ring in zip(found, rings):
             dead |= {id(store), id(load), id(self.defs[id(store.args[0])])}

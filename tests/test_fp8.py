@@ -1,0 +1,214 @@
+"""fp8 (f8e4m3, f8e5m2: torch.float8_e4m3fn and torch.float8_e5m2) against torch.
+
+Conversions: every fp8 code to f32, f16, bf16 and f64; to fp8 from a dense sweep of f32 and f64 (every fp8 value, the
+ties between neighbours and one ulp either side, subnormals, overflow, inf, nan, both signs) and from every f16 and
+bf16 value. Then arithmetic (in f32, rounded back; Triton's promotion), reductions, a scalar parameter, and the
+vectorized memory access. Each runs in the interpreter (cpu) and on the GPU (cuda, marker gpu) twice: with the
+hardware cvt (sm_89+) and with the software path sm_80 uses (compiled with -DNK_FP8_SOFTWARE). NVRTC compiles both
+paths for sm_80 and sm_90a. Outputs start as the bitwise complement of the expected values.
+
+e4m3 saturates to +-448 (inf too) as torch >= 2.12 does (older torch gave NaN past 464): the oracle clamps first so
+that it holds on any torch, and test_the_oracle_is_torch ties it to torch's own conversion where torch saturates.
+"""
+import re
+
+import pytest
+import torch
+
+import newtc
+from newtc import driver, jit, nvrtc
+
+FORMATS = {"f8e4m3": torch.float8_e4m3fn, "f8e5m2": torch.float8_e5m2}
+BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+TORCH_SATURATES = tuple(map(int, re.findall(r"\d+", torch.__version__)[:2])) >= (2, 12)
+BLOCK = 1024
+
+KERNELS = newtc.compile("""\
+kernel copy(x, out, n, BLOCK: constexpr):
+    offs = program_id(0) * BLOCK + arange(0, BLOCK)
+    store(out + offs, load(x + offs, mask=offs < n), mask=offs < n)
+
+kernel arith(a, b, twice, mixed, total, n, BLOCK: constexpr):
+    offs = program_id(0) * BLOCK + arange(0, BLOCK)
+    m = offs < n
+    x = load(a + offs, mask=m, other=0)
+    y = load(b + offs, mask=m, other=0)
+    store(twice + offs, x * 2 + 1, mask=m)
+    store(mixed + offs, x + y, mask=m)
+    store(total + program_id(0) * 2, sum(x, axis=0))
+    store(total + program_id(0) * 2 + 1, max(x, axis=0))
+
+kernel scale(x, out, s: f8e4m3, n, BLOCK: constexpr):
+    offs = program_id(0) * BLOCK + arange(0, BLOCK)
+    store(out + offs, load(x + offs, mask=offs < n) * s, mask=offs < n)
+""", "fp8_tests.nk")
+
+
+def paths():
+    """(device, fp8 path): the interpreter, and the GPU with the hardware and the software conversions."""
+    return ["cpu", pytest.param("cuda", marks=pytest.mark.gpu),
+            pytest.param("cuda-software", marks=pytest.mark.gpu)]
+
+
+def launch(kernel, path: str, n: int, *args, **meta):
+    grid = (-(-n // BLOCK),)
+    if path != "cuda-software":
+        return kernel[grid](*args, n, BLOCK=BLOCK, **meta)
+    # the kernel's own CUDA, with the sm_80 conversions, launched by hand
+    args, meta = (*args, n), {"BLOCK": BLOCK, **meta}
+    out = kernel.output(args, meta, "cuda")
+    device = args[0].device.index or 0
+    cubin = nvrtc.compile(out.cuda.source, out.cuda.name, driver.arch(device), ("-DNK_FP8_SOFTWARE",)).cubin
+    binary = jit.Binary(out.cuda.name, cubin, out.cuda.threads, out.cuda.smem_bytes,
+                        [p.type.dtype for p in out.kernel.params])
+    previous = driver.current_context()
+    driver.set_device(device)
+    try:
+        run = jit.Launcher(binary, device).function()
+    finally:
+        driver.set_context(previous)
+    run(jit._stream(device), [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args], *grid)
+    torch.cuda.synchronize(device)
+
+
+def on(path: str) -> str:
+    return path.split("-")[0]
+
+
+def to_fp8(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """torch's conversion (from f64 through f32, as torch does), e4m3 clamped first as torch >= 2.12 saturates."""
+    x = x.float()
+    return (x.clamp(-448.0, 448.0) if fmt == "f8e4m3" else x).to(FORMATS[fmt])
+
+
+def bits(x: torch.Tensor) -> torch.Tensor:
+    return x.view(BITS[x.element_size()])
+
+
+def poisoned(expected: torch.Tensor) -> torch.Tensor:
+    """The bitwise complement of what the kernel must write: no element can pass unwritten."""
+    return (~bits(expected)).view(expected.dtype)
+
+
+def assert_same(out: torch.Tensor, expected: torch.Tensor, nan_sign: bool) -> None:
+    """Equal bits, except that a NaN need only be a NaN (of the same sign when `nan_sign`): no payload is promised."""
+    out, expected = out.cpu(), expected.cpu()
+    nan = expected.isnan()
+    assert torch.equal(out.isnan(), nan)
+    if nan_sign:
+        assert torch.equal(out.signbit()[nan], expected.signbit()[nan])
+    bad = (bits(out) != bits(expected)) & ~nan
+    assert not bad.any(), (out[bad][:8].tolist(), expected[bad][:8].tolist())
+
+
+def f32_sweep() -> torch.Tensor:
+    """Every fp8 value of both formats, the ties halfway between neighbours and one ulp either side, dense runs
+    through both ranges and past them, every power of two down to f32 subnormals, the special values; both signs."""
+    parts = []
+    for t in FORMATS.values():
+        v = torch.arange(256, dtype=torch.uint8).view(t).float()
+        fin = v[v.isfinite()].unique()
+        mid = (fin[1:] + fin[:-1]) / 2  # exact in f32
+        parts += [fin, mid, torch.nextafter(mid, torch.tensor(float("inf"))),
+                  torch.nextafter(mid, torch.tensor(float("-inf")))]
+    parts += [torch.linspace(0, 600, 12001), torch.linspace(0, 70000, 14001), torch.exp2(torch.arange(-149, 128.0)),
+              torch.tensor([float("inf"), float("nan"), 3.4e38, 1e-45, 2.0 ** -10, 2.0 ** -17, 464.0, 480.0, 61440.0,
+                            65536.0])]
+    x = torch.cat(parts)
+    return torch.cat([x, -x])
+
+
+SOURCES = {
+    "f32": f32_sweep,
+    "f64": lambda: torch.cat([f32_sweep().double(), torch.tensor([1.0625 + 1e-12, 1.0625 - 1e-12, 447.99999999999])]),
+    "f16": lambda: torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16).view(torch.float16),
+    "bf16": lambda: torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16),
+}
+
+
+# ---- conversions ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", paths())
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dst", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_every_code_widens_like_torch(path, fmt, dst):
+    x = torch.arange(256, dtype=torch.uint8).view(FORMATS[fmt]).to(on(path))
+    expected = x.float().to(dst)
+    out = poisoned(expected)
+    launch(KERNELS.copy, path, 256, x, out)
+    assert_same(out, expected, nan_sign=dst == torch.float32)
+
+
+@pytest.mark.parametrize("path", paths())
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("src", SOURCES)
+def test_narrowing_rounds_like_torch(path, fmt, src):
+    x = SOURCES[src]().to(on(path))
+    expected = to_fp8(x, fmt)
+    out = poisoned(expected)
+    launch(KERNELS.copy, path, x.numel(), x, out)
+    assert torch.equal(bits(out).cpu(), bits(expected).cpu())  # every bit, the sign of a NaN included
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_oracle_is_torch(device, fmt):
+    if fmt == "f8e4m3" and not TORCH_SATURATES:
+        pytest.skip(f"torch {torch.__version__} gives NaN past 464 for e4m3; 2.12 and later saturate")
+    for src in SOURCES.values():
+        x = src().to(device)
+        assert torch.equal(bits(x.to(FORMATS[fmt])).cpu(), bits(to_fp8(x, fmt)).cpu())
+
+
+# ---- arithmetic, reductions, parameters ---------------------------------------------------------------------------
+@pytest.mark.parametrize("path", paths())
+@pytest.mark.parametrize("fa, fb, promoted", [("f8e4m3", "f8e4m3", "f8e4m3"), ("f8e4m3", "f8e5m2", torch.float16),
+                                              ("f8e5m2", torch.bfloat16, torch.float32),
+                                              ("f8e5m2", torch.float16, torch.float16)])
+def test_arithmetic_runs_in_f32_and_promotes_like_triton(path, fa, fb, promoted):
+    n = 1000
+    a = to_fp8(torch.randint(-64, 64, (n,)) / 8, fa)  # multiples of 1/8: sums are exact in any order
+    b = to_fp8(torch.randn(n) * 8, fb) if fb in FORMATS else (torch.randn(n) * 8).to(fb)
+    t = to_fp8(to_fp8(a.float() * 2, fa).float() + 1, fa)  # each op rounds back to fp8
+    s = a.float() + b.float()
+    mixed = (to_fp8(s, promoted) if promoted in FORMATS else s.to(promoted)).float()
+    total = torch.stack([to_fp8(a.float().sum(), fa).float(), a.float().max().clamp(min=0)])  # masked lanes load 0
+    outs = [poisoned(v.to(on(path))) for v in (t, mixed, total)]
+    launch(KERNELS.arith, path, n, a.to(on(path)), b.to(on(path)), *outs)
+    for out, want in zip(outs, (t, mixed, total)):
+        assert torch.equal(bits(out).cpu(), bits(want))
+
+
+@pytest.mark.parametrize("path", paths())
+def test_an_fp8_scalar_parameter_is_rounded_on_entry(path):
+    x = torch.randn(300)
+    want = x * to_fp8(torch.tensor(0.3), "f8e4m3").float()  # 0.3 arrives as 0.3125
+    out = poisoned(want).to(on(path))
+    launch(KERNELS.scale, path, 300, x.to(on(path)), out, 0.3)
+    assert torch.equal(out.cpu(), want)
+
+
+# ---- the generated code --------------------------------------------------------------------------------------------
+def sass(kernel, arch: str, *args) -> set:
+    text = kernel.sass(*args, 4096, BLOCK=BLOCK, arch=arch)
+    return set(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)", text))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fp8_moves_16_bytes_per_access_and_converts_per_arch(arch, fmt):
+    """16 fp8 values per 128-bit load and store; sm_90a converts with F2FP (cvt), sm_80 in software."""
+    x8 = torch.empty(4096, dtype=FORMATS[fmt])
+    ops = sass(KERNELS.copy, arch, x8, torch.empty(4096, dtype=FORMATS[fmt]))
+    assert {"LDG.E.128", "STG.E.128"} <= ops, sorted(ops)
+    narrow = sass(KERNELS.copy, arch, torch.empty(4096), x8)
+    assert any(op.startswith("F2FP") for op in narrow) == (arch == "sm_90a"), sorted(narrow)
+    assert not any(op.startswith(("LDL", "STL")) for op in narrow)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_the_software_path_compiles_on_every_arch(arch):
+    x = torch.empty(4096, dtype=torch.float8_e4m3fn)
+    out = KERNELS.arith.output((x, x.to(torch.float8_e5m2), torch.empty(4096), torch.empty(4096), torch.empty(8),
+                                4096), {"BLOCK": BLOCK}, "cuda", arch)
+    for options in ((), ("-DNK_FP8_SOFTWARE",)):
+        assert nvrtc.compile(out.cuda.source, out.cuda.name, arch, options).cubin.startswith(b"\x7fELF")
