@@ -163,8 +163,12 @@ def test_04_seeded_dropout(device):
 # ---- 05 layer norm ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_05_layer_norm_forward_and_backward(device, dtype):
+@pytest.mark.parametrize("form", ["two-stage", pytest.param("locked", marks=needs("while", "debug_barrier"))])
+def test_05_layer_norm_forward_and_backward(device, dtype, form):
+    """The backward's dx kernel in its two-stage form (05_layer_norm.nk, a partial dw/db row per row) or the locked
+    one (05_layer_norm_locked.nk, GROUP_SIZE_M rows), then _layer_norm_bwd_dwdb sums the partial rows."""
     t = Tutorial("05_layer_norm", device)
+    locked = Tutorial("05_layer_norm_locked", device) if form == "locked" else None
     eps = 1e-5
     for m, n in {"cpu": [(37, 300), (5, 1), (3, 1024)], "cuda": [(1151, 8192), (4096, 1000), (3, 65536)]}[device]:
         x = (torch.randn(m, n, device=device) * 2 + 0.5).to(dtype)
@@ -176,11 +180,18 @@ def test_05_layer_norm_forward_and_backward(device, dtype):
         warps = min(max(block // 256, 1), 8)
         t.launch("_layer_norm_fwd_fused", (m,), x, y, w, b, mean, rstd, x.stride(0), n, eps, BLOCK_SIZE=block,
                  num_warps=warps)
-        dw_rows, db_rows = nan(m, n, device=device, dtype=dtype), nan(m, n, device=device, dtype=dtype)
-        t.launch("_layer_norm_bwd_dx", (m,), dx, dy, dw_rows, db_rows, x, w, mean, rstd, x.stride(0), n,
-                 BLOCK_SIZE_N=block, num_warps=warps)
+        rows = min(m, 4 if device == "cpu" else 64) if locked else m  # the tutorial's GROUP_SIZE_M is 64 for N 8192
+        dw_rows, db_rows = nan(rows, n, device=device, dtype=dtype), nan(rows, n, device=device, dtype=dtype)
+        if locked:  # the first program to take a row's lock overwrites the NaN, the others add to it
+            lock = torch.zeros(2 * rows, device=device, dtype=torch.int32)
+            locked.launch("_layer_norm_bwd_dx_fused", (m,), dx, dy, dw_rows, db_rows, x, w, mean, rstd, lock,
+                          x.stride(0), n, GROUP_SIZE_M=rows, BLOCK_SIZE_N=block, num_warps=warps)
+            assert torch.equal(lock, torch.tensor([0] * rows + [1] * rows, device=device, dtype=torch.int32))
+        else:
+            t.launch("_layer_norm_bwd_dx", (m,), dx, dy, dw_rows, db_rows, x, w, mean, rstd, x.stride(0), n,
+                     BLOCK_SIZE_N=block, num_warps=warps)
         dw, db = nan(n, device=device, dtype=dtype), nan(n, device=device, dtype=dtype)
-        t.launch("_layer_norm_bwd_dwdb", (-(-n // 128),), dw_rows, db_rows, dw, db, m, n, BLOCK_SIZE_M=32,
+        t.launch("_layer_norm_bwd_dwdb", (-(-n // 128),), dw_rows, db_rows, dw, db, rows, n, BLOCK_SIZE_M=32,
                  BLOCK_SIZE_N=128)
 
         xr, wr, br = (v.double().requires_grad_() for v in (x, w, b))
