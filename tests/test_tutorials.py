@@ -170,13 +170,14 @@ def test_05_layer_norm_forward_and_backward(device, dtype, form):
     t = Tutorial("05_layer_norm", device)
     locked = Tutorial("05_layer_norm_locked", device) if form == "locked" else None
     eps = 1e-5
-    for m, n in {"cpu": [(37, 300), (5, 1), (3, 1024)], "cuda": [(1151, 8192), (4096, 1000), (3, 65536)]}[device]:
+    for m, n in {"cpu": [(37, 300), (5, 1), (3, 1024)], "cuda": [(1151, 8192), (4096, 1000), (3, 16384)]}[device]:
         x = (torch.randn(m, n, device=device) * 2 + 0.5).to(dtype)
         w, b = (torch.rand(n, device=device).to(dtype) + 0.5 for _ in range(2))
         dy = torch.randn(m, n, device=device).to(dtype)
         y, dx = nan(m, n, device=device, dtype=dtype), nan(m, n, device=device, dtype=dtype)
         mean, rstd = nan(m, device=device), nan(m, device=device)
         block = min(65536 // x.element_size(), 1 << (n - 1).bit_length())
+        assert n <= block, "the dx kernel holds a whole row (the tutorial's limit: rows under 64 KB)"
         warps = min(max(block // 256, 1), 8)
         t.launch("_layer_norm_fwd_fused", (m,), x, y, w, b, mean, rstd, x.stride(0), n, eps, BLOCK_SIZE=block,
                  num_warps=warps)
@@ -229,6 +230,41 @@ def test_06_fused_attention_forward(device, dtype, causal):
             s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool, device=device).tril(), float("-inf"))
         close(o, torch.softmax(s, -1) @ v.double(), 5e-3 if dtype == torch.float16 else 2e-2)
         assert (m.double() - torch.logsumexp(s, -1) / math.log(2)).abs().max().item() < 1e-3  # base 2, as Triton
+
+
+ATTENTION_BWD = {  # (Z, H, N_CTX, HEAD_DIM, BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, num_warps, num_stages)
+    "cpu": [(1, 2, 96, 32, 16, 32, 32, 16, 4, 1)],
+    "cuda": [(1, 2, 1024, 64, 32, 128, 128, 32, 4, 5), (4, 16, 4096, 64, 32, 128, 128, 32, 4, 5),
+             (2, 8, 1024, 128, 32, 128, 128, 32, 8, 3)],
+}
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_06_fused_attention_backward(device, dtype, causal):
+    """The tutorial's host side: the forward gives O and M, then preprocess (delta) and _attn_bwd with K scaled by
+    sm_scale / ln 2; dQ, dK, dV against torch's autograd of the float64 math."""
+    t = Tutorial("06_fused_attention", device)
+    for z, h, n, d, bm1, bn1, bm2, bn2, warps, stages in ATTENTION_BWD[device]:
+        q, k, v, do = (torch.randn(z, h, n, d, device=device).to(dtype) for _ in range(4))
+        o, m = nan(z, h, n, d, device=device, dtype=dtype), nan(z, h, n, device=device)
+        scale = 1 / math.sqrt(d)
+        t.launch("_attn_fwd", (n // bn1, z * h), q, k, v, scale, m, o, *q.stride(), *k.stride(), *v.stride(),
+                 *o.stride(), z, h, n, HEAD_DIM=d, BLOCK_M=bn1, BLOCK_N=bn1 // 2, STAGE=3 if causal else 1)
+        delta = nan(z, h, n, device=device)
+        t.launch("_attn_bwd_preprocess", (n // bn1, z * h), o, do, delta, z, h, n, BLOCK_M=bn1, HEAD_DIM=d)
+        dq, dk, dv = (nan(z, h, n, d, device=device, dtype=dtype) for _ in range(3))
+        t.launch("_attn_bwd", (n // bn1, 1, z * h), q, k * (scale / math.log(2)), v, scale, do, dq, dk, dv, m, delta,
+                 *q.stride(), h, n, BLOCK_M1=bm1, BLOCK_N1=bn1, BLOCK_M2=bm2, BLOCK_N2=bn2, BLK_SLICE_FACTOR=2,
+                 HEAD_DIM=d, CAUSAL=causal, num_warps=warps, num_stages=stages)
+        qr, kr, vr = (x.double().requires_grad_() for x in (q, k, v))
+        s = (qr @ kr.transpose(-1, -2)) * scale
+        if causal:
+            s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool, device=device).tril(), float("-inf"))
+        (torch.softmax(s, -1) @ vr).backward(do.double())
+        for out, ref in ((dq, qr.grad), (dk, kr.grad), (dv, vr.grad)):
+            close(out, ref, 5e-3 if dtype == torch.float16 else 3e-2)
 
 
 # ---- 07 extern functions ---------------------------------------------------------------------------------------
