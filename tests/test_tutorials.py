@@ -1,6 +1,6 @@
 """examples/tutorials/: Triton's tutorials 01-09 ported to `.nk`, each against torch (float64 references).
 
-Device "cpu" runs the interpreter on small shapes and also compiles every kernel it launches with NVRTC for sm_80
+06 has the forward and the backward pass. Device "cpu" runs the interpreter on small shapes and also compiles every kernel it launches with NVRTC for sm_80
 and sm_90a (no GPU needed); "cuda" (marker gpu) runs the GPU on the tutorials' own shapes. Inputs are fresh random
 tensors and outputs start as NaN (or a sentinel). Tutorials that need a builtin from a branch not merged yet skip
 with the name of what they need.
