@@ -1,9 +1,10 @@
-"""examples/tutorials/: Triton's tutorials 01-09 ported to `.nk`, each against torch (float64 references).
+"""examples/tutorials/: Triton's tutorials 01-09 ported to `.nk`, each against torch (float64 references); 06 has
+the forward and the backward pass.
 
-06 has the forward and the backward pass. Device "cpu" runs the interpreter on small shapes and also compiles every kernel it launches with NVRTC for sm_80
+Device "cpu" runs the interpreter on small shapes and also compiles every kernel it launches with NVRTC for sm_80
 and sm_90a (no GPU needed); "cuda" (marker gpu) runs the GPU on the tutorials' own shapes. Inputs are fresh random
-tensors and outputs start as NaN (or a sentinel). Tutorials that need a builtin from a branch not merged yet skip
-with the name of what they need.
+tensors and outputs start as NaN. Tutorials that need a builtin from a branch not merged yet skip with the name of
+what they need.
 """
 import math
 from pathlib import Path
