@@ -1,6 +1,6 @@
 """Block pointers (make_block_ptr, advance, load/store with boundary_check and padding_option) against torch.
 
-Triton's block pointer tutorial (examples/tutorials/08_block_pointer.nk) against torch's matmul; tile copies with
+Triton's block pointer tutorial (examples/tutorials/03_matmul_block_pointer.nk) against torch's matmul; tile copies with
 negative offsets, transposed sources and 1- to 3-dimensional blocks; padding; block pointers carried through loops
 and runtime `if`s. Each runs in the interpreter (cpu) and on the GPU (cuda, marker gpu), outputs poisoned first.
 The generated CUDA of the tutorial has the same cp.async ring and tensor-core instructions as stdlib/matmul.nk's,
@@ -19,7 +19,7 @@ from newtc.ops import _matmul_config
 from newtc.types import Ptr, bf16, f16, i32
 
 ROOT = Path(__file__).resolve().parent.parent
-TUTORIAL = ROOT / "examples" / "tutorials" / "08_block_pointer.nk"
+TUTORIAL = ROOT / "examples" / "tutorials" / "03_matmul_block_pointer.nk"
 
 KERNELS = newtc.compile("""\
 kernel copy2d(x, out, M, N, sxm, sxn, som, son, BM: constexpr, BN: constexpr, ORDER: constexpr):
