@@ -560,3 +560,17 @@ def test_parameters_named_like_cpp_keywords_and_cuda_functions_compile(arch):
         gen = compiler.compile(module, "k", spec, until="cuda").cuda
         assert "float* do_arg" in gen.source and "float sqrtf_arg" in gen.source
         assert nvrtc.compile(gen.source, gen.name, arch).cubin
+
+
+def test_a_scalar_atomic_is_read_by_every_thread_before_the_next():
+    """Thread 0 performs a scalar atomic and leaves the old value in shared memory for all: a barrier after
+    the read, or in a loop (a spin lock) thread 0 overwrites it before slow threads have read it."""
+    module = syntax.parse("kernel k(lock, out, n):\n"
+                          "    total = 0\n"
+                          "    for i in range(0, n):\n"
+                          "        total += atomic_add(lock, 1)\n"
+                          "    store(out, total)\n", "spin.nk")
+    src = cuda(module, "k", dict(lock=Ptr(i32), out=Ptr(i32), n=i32), {}).source
+    lines = [line.strip() for line in src.splitlines() if not line.startswith("#line")]
+    read = next(i for i, line in enumerate(lines) if re.match(r"int const \w+ = \(\(int\*\)\(nk_smem", line))
+    assert lines[read - 1] == "__syncthreads();" and lines[read + 1] == "__syncthreads();"

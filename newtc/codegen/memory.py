@@ -160,6 +160,7 @@ def atomic(cg, op: ir.Op) -> None:
         cg.emit(f"if (nk_tid == 0) {base}[0] = {f'{cg.scalar(mask)} ? {e} : nk_zero<{t}>()' if mask else e};")
         cg.emit("__syncthreads();")
         cg.emit(f"{t} const {cg.name_of(res)} = {base}[0];")
+        cg.emit("__syncthreads();")  # read by all before thread 0 writes again (a spin loop) or the slot is reused
         return
     layout = res.layout
     name = cg.array(res)
