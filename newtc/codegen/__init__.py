@@ -192,7 +192,8 @@ class Codegen:
         elif kind in ir.ELEMENTWISE:
             cols = [self.regs(a) for a in op.args]
             dts = [a.type.dtype for a in op.args]
-            self.define(res, [cexpr.elementwise(kind, dts, res.type.dtype, [c[i] for c in cols]) for i in range(n)])
+            self.define(res, [cexpr.elementwise(kind, dts, res.type.dtype, [c[i] for c in cols], op.attrs.get("fn"))
+                              for i in range(n)])
         else:
             raise NkError(f"internal: no code for {kind}", op.span)
 
@@ -204,7 +205,7 @@ class Codegen:
             reg = ("blockIdx", "gridDim")[kind == "num_programs"] + "." + "xyz"[op.attrs["axis"]]
             return f"({cexpr.ctype(op.result.type.dtype)}){reg}"
         dts = [a.type.dtype for a in op.args]
-        return cexpr.elementwise(kind, dts, op.result.type.dtype, [self.scalar(a) for a in op.args])
+        return cexpr.elementwise(kind, dts, op.result.type.dtype, [self.scalar(a) for a in op.args], op.attrs.get("fn"))
 
     def storage(self, vals: list[ir.Value]) -> None:
         """Declare mutable storage for loop-carried or branch-joined values."""
@@ -286,6 +287,36 @@ class Codegen:
         return Generated("\n".join(lines), symbol, threads, k.smem_bytes)
 
 
+def device_assert(cg: Codegen, op: ir.Op) -> None:
+    """__assertfail prints `file.nk:line: kernel: block [..], thread [..] Assertion `msg` failed.` and traps."""
+    cond, mask = op.args
+    fail = f'__assertfail({cexpr.cstring(op.attrs["msg"])}, "{cg.file_literal}", {op.span.line}, "{cg.k.name}", 1);'
+    conds = cg.regs(cond) if cond.type.shape else [cg.scalar(cond)]
+    masks = (cg.regs(mask) if mask.type.shape else [cg.scalar(mask)]) if mask is not None else [""] * len(conds)
+    cg.emit_all([f"if ({m + ' && ' if m else ''}!{c}) {fail}" for c, m in zip(conds, masks)], per_line=1)
+
+
+ASM_C = {"h": "unsigned short", "r": "unsigned", "l": "unsigned long long", "f": "float", "d": "double"}
+
+
+def inline_asm(cg: Codegen, op: ir.Op) -> None:
+    """One asm statement per register; every operand travels as the bits its constraint names."""
+    res, (out, *ins) = op.result, op.attrs["constraints"]
+    text = re.sub(r"\$(\d+)|\$\$|%", lambda m: f"%{m[1]}" if m[1] else "$" if m[0] == "$$" else "%%", op.attrs["asm"])
+    n = res.layout.nregs if res.type.shape else 1
+    if res.type.shape:
+        cg.array(res)
+    else:
+        cg.emit(f"{cexpr.ctype(res.type.dtype)} {cg.name_of(res)};")
+    dest = cg.regs(res) if res.type.shape else [cg.name_of(res)]
+    cols = [cg.regs(a) if a.type.shape else [cg.scalar(a)] * n for a in op.args]
+    volatile = "" if op.attrs["pure"] else " volatile"
+    for i in range(n):
+        operands = ", ".join(f'"{c}"(nk_bitcast<{ASM_C[c]}>({col[i]}))' for c, col in zip(ins, cols))
+        cg.emit(f"{{ {ASM_C[out[1:]]} o; asm{volatile}({cexpr.cstring(text)} : \"{out}\"(o) : {operands}); "
+                f"{dest[i]} = nk_bitcast<{cexpr.ctype(res.type.dtype)}>(o); }}")
+
+
 from . import memory, mma, reduce, shared  # noqa: E402 - they take a Codegen
 
 # ops with their own emitter, each a function (codegen, op)
@@ -293,7 +324,7 @@ RULES = {"for": Codegen.loop, "if": Codegen.branch, "store": memory.store, "load
          "atomic": memory.atomic, "reduce": reduce.reduce_op, "dot": mma.dot, "dot_wait": mma.dot_wait, "alloc": lambda cg, op: None, "slot": lambda cg, op: None,
          "local_store": shared.local_store, "local_load": shared.local_load, "async_copy": shared.async_copy,
          "async_commit": shared.async_commit, "async_wait": shared.async_wait,
-         "barrier": lambda cg, op: cg.emit("__syncthreads();"),
+         "barrier": lambda cg, op: cg.emit("__syncthreads();"), "assert": device_assert, "asm": inline_asm,
          "fence_async": lambda cg, op: cg.emit('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");')}
 
 GENERATED = re.compile(r"(nk_\w*|L\d+|\w+_\d+|__\w*|threadIdx|blockIdx|blockDim|gridDim|warpSize)")
