@@ -30,13 +30,13 @@ REDUCTIONS = {"sum", "max", "min", "argmax", "argmin"}
 ATOMICS = {"atomic_add": "add", "atomic_max": "max", "atomic_min": "min", "atomic_xchg": "xchg", "atomic_or": "or",
            "atomic_and": "and", "atomic_xor": "xor"}
 SEMS, SCOPES = ("relaxed", "acquire", "release", "acq_rel"), ("gpu", "cta", "sys")
-# The CUDA math library by arity, callable as libdevice.NAME (f32 runs NAMEf, f64 NAME); LIBM_BUILTINS are plain builtins
-LIBM_BUILTINS = ("asin", "acos", "atan", "sinh", "cosh", "log1p", "expm1", "rint", "round", "trunc", "erfinv", "pow",
-                 "atan2", "div_rn")
-LIBM = {**dict.fromkeys(LIBM_BUILTINS[:11] + tuple(
+# Triton's math builtins and the CUDA math library (callable as libdevice.NAME: NAMEf on f32, NAME on f64), by arity
+LIBM_BUILTINS = {**dict.fromkeys("asin acos atan sinh cosh log1p expm1 rint round trunc erfinv".split(), 1),
+                 "pow": 2, "atan2": 2, "div_rn": 2}
+LIBM = {**LIBM_BUILTINS, **dict.fromkeys(
     "acosh asinh atanh cbrt ceil cos cospi cyl_bessel_i0 cyl_bessel_i1 erf erfc erfcinv erfcx exp exp10 exp2 fabs floor "
-    "j0 j1 lgamma log log10 log2 logb nearbyint normcdf normcdfinv rcbrt rsqrt sin sinpi sqrt tan tanh tgamma y0 y1".split()), 1),
-        **dict.fromkeys(LIBM_BUILTINS[11:] + tuple("copysign fdim fmax fmin fmod hypot nextafter remainder rhypot".split()), 2),
+    "j0 j1 lgamma log log10 log2 logb nearbyint normcdf normcdfinv rcbrt rsqrt sin sinpi sqrt tan tanh tgamma y0 y1".split(), 1),
+        **dict.fromkeys("copysign fdim fmax fmin fmod hypot nextafter remainder rhypot".split(), 2),
         **dict.fromkeys(("fma", "norm3d", "rnorm3d"), 3)}
 # Philox (Random123, as Triton's random.py uses it) by counter width: key increments A, B and round multipliers A, B
 PHILOX = {32: (0x9E3779B9, 0xBB67AE85, 0xD2511F53, 0xCD9E8D57),
@@ -1198,7 +1198,7 @@ def _random(c: Checker, span, seed, offset, n_rounds=10, *, _name=""):
         x = c.emit("bitcast", [x], x.type.with_dtype(i32 if x.type.dtype == u32 else i64), span)
         x = _where(c, span, c.binary("<", x, 0, span), c.emit("not", [x], x.type, span), x)
         u.append(c.binary("*", x, 4.6566127342e-10 if x.type.dtype == i32 else 1.0842020432385337e-19, span))
-    if _name.startswith("rand") and not _name.startswith("randn"):
+    if not _name.startswith("randn"):
         return u[0] if _name == "rand" else tuple(u)
     n = []
     for u1, u2 in zip(u[::2], u[1::2]):  # Box-Muller, as Triton's pair_uniform_to_normal

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import newtc
-from newtc import compiler, nvrtc, syntax
+from newtc import check, compiler, nvrtc, syntax
 from newtc.types import Ptr, bf16, f16, f32, f64, i32, i64, u64
 
 ARCHS = ["sm_80", "sm_90a"]
@@ -274,6 +274,15 @@ def test_libdevice_function_without_an_interpreter_rule_is_a_diagnostic():
     out = e.value.render(color=False)
     assert "tgamma.nk:4:" in out and "libdevice.tgamma is not in the interpreter" in out and "Traceback" not in out
 
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dt", [f32, f64])
+def test_every_libdevice_function_compiles(arch, dt):
+    """Each name newt accepts is a CUDA math function NVRTC knows, as NAMEf (f32) and NAME (f64)."""
+    lines = [f"    r += libdevice.{fn}({', '.join('abc'[:arity])})" for fn, arity in check.LIBM.items()]
+    text = "\n".join(["kernel k(x, BLOCK: constexpr):", "    offs = arange(0, BLOCK)", "    a = load(x + offs)",
+                      "    b = a * 0.5", "    c = a + 2.0", "    r = a", *lines, "    store(x + offs, r)", ""])
+    sass(text, "k", {"x": Ptr(dt)}, {"BLOCK": 128}, arch)
 
 MATH_ALL = """\
 kernel k(x, y, z, out, n, BLOCK: constexpr):
