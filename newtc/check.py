@@ -1231,27 +1231,34 @@ def _static_print(c: Checker, span, *values):
 
 @builtin("inline_asm_elementwise")
 def _inline_asm(c: Checker, span, asm, constraints, args, dtype, is_pure, pack):
-    """Triton's inline PTX ($0 the result, $1... the arguments), once per element (pack=1)."""
+    """Triton's inline PTX ($0... the results' registers, then the arguments'), on `pack` elements at a time."""
     args = list(args) if isinstance(args, (tuple, list)) else [args]
     cons = constraints.replace(" ", "").split(",") if isinstance(constraints, str) else []
     if not isinstance(asm, str) or not cons or not isinstance(dtype, DType) or type(is_pure) is not bool:
         raise NkError("inline_asm_elementwise() takes the asm and constraint strings, a list of arguments, one result "
                       "dtype and is_pure=True/False", span)
-    if pack != 1:
-        raise NkError(f"inline_asm_elementwise(pack={describe(pack)}): only pack=1 is supported", span,
-                      "process one element per asm statement")
+    if type(pack) is not int or not 1 <= pack <= 16 or pack & (pack - 1):
+        raise NkError(f"inline_asm_elementwise(pack={describe(pack)}): pack is a power of two from 1 to 16", span,
+                      "the number of elements one asm statement processes")
     vals = [c.value(a, span) for a in args]
     shape = ()
     for v in vals:
         shape = broadcast_shapes(shape, v.type.shape, span)
-    if len(cons) != len(vals) + 1 or cons[0][:1] != "=" or any(x[:1] == "=" for x in cons[1:]):
-        raise NkError(f"constraints {constraints!r} must be one output ('=r') and one input per argument "
-                      f"({len(vals)})", span)
-    for t, x in zip([dtype] + [v.type.dtype for v in vals], cons):  # a value travels as its bits
-        if ASM_BITS.get(x.lstrip("=")) != t.bits:
-            raise NkError(f"constraint '{x}' does not fit {t}", span, "'h' holds 16 bits, 'r' and 'f' 32, 'l' and 'd' 64")
+    types = [dtype] + [v.type.dtype for v in vals]
+    if any(t == bool_ or isinstance(t, Ptr) for t in types):
+        raise NkError("inline_asm_elementwise() takes numbers", span, "convert bools and pointers to an integer type")
+    # as Triton: elements narrower than 32 bits travel packed, as many as fit in 32 bits, into one register each
+    bits = [[t.bits * per] * (pack // per) for t in types for per in [min(max(32 // t.bits, 1), pack)]]
+    outs, ins = len(bits[0]), sum(map(len, bits[1:]))
+    if len(cons) != outs + ins or any((x[:1] == "=") != (i < outs) for i, x in enumerate(cons)):
+        raise NkError(f"constraints {constraints!r} must be {outs} output(s) ('=r') and then {ins} input(s)", span,
+                      f"pack={pack} elements per asm statement; those narrower than 32 bits share 32-bit registers")
+    for b, x in zip(sum(bits, []), cons):  # a value travels as its bits
+        if ASM_BITS.get(x.lstrip("=")) != b:
+            raise NkError(f"constraint '{x}' does not fit {b} bits", span, "'h' holds 16 bits, 'r' and 'f' 32, "
+                          "'l' and 'd' 64")
     return c.emit("asm", [c.to_shape(v, shape, span) for v in vals], Type(shape, dtype), span,
-                  {"asm": asm, "constraints": cons, "pure": is_pure})
+                  {"asm": asm, "constraints": cons, "pure": is_pure, "pack": pack})
 
 
 ASM_BITS = {"h": 16, "r": 32, "l": 64, "f": 32, "d": 64}

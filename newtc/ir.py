@@ -30,7 +30,7 @@ Every value has a Type (shape, dtype) and, after the layout pass, a Layout. Op k
   yield       (*values)
   print       (*values)          attrs prefix
   assert      (cond, mask|None)  attrs msg                 device_assert: traps with file:line and msg
-  asm         (*args)            attrs asm, constraints, pure   inline PTX per element (anchored: never recomputed)
+  asm         (*args)            attrs asm, constraints, pure, pack   inline PTX, pack elements a statement (anchored: never recomputed)
   barrier                                                  debug_barrier (passes.smem also places them)
 
 Made by the passes (the checker never emits them; the interpreter runs the IR before the passes):

@@ -16,7 +16,7 @@ import torch
 
 import newtc
 from newtc import check, compiler, nvrtc, syntax
-from newtc.types import Ptr, bf16, f16, f32, f64, i32, i64, u64
+from newtc.types import Ptr, bf16, f16, f32, f64, i8, i32, i64, u64
 
 ARCHS = ["sm_80", "sm_90a"]
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -671,6 +671,50 @@ def test_inline_asm_in_the_interpreter_is_a_diagnostic():
         module(ASM, "asm.nk").k[(1,)](*args, BLOCK=8)
     assert e.value.render(color=False).startswith("asm.nk:6:23: error: inline_asm_elementwise() runs PTX")
 
+
+ASM_PACK = """\
+kernel k(a, b, h, g, v, u, band, hsum, neg, wide, sc, n, BLOCK: constexpr):
+    offs = program_id(0) * BLOCK + arange(0, BLOCK)
+    m = offs < n
+    x = load(a + offs, mask=m)
+    store(band + offs, inline_asm_elementwise("and.b32 $0, $1, $2;", "=r,r,r", [x, load(b + offs, mask=m)], i8, True, 4),
+          mask=m)
+    hs = inline_asm_elementwise("add.rn.f16x2 $0, $1, $2;", "=r,r,r", [load(h + offs, mask=m), load(g + offs, mask=m)],
+                                f16, True, 2)
+    store(hsum + offs, hs, mask=m)
+    store(neg + offs, inline_asm_elementwise("neg.f32 $0, $2; neg.f32 $1, $3;", "=f,=f,f,f", load(v + offs, mask=m),
+                                             f32, True, 2) - inline_asm_elementwise("neg.f32 $0, $2; neg.f32 $1, $3;",
+                                                                                    "=f,=f,f,f", sc, f32, True, 2), mask=m)
+    w = inline_asm_elementwise("WIDEN", "=r,=r,=r,=r,r", load(u + offs, mask=m), i32, True, 4)
+    store(wide + offs, w, mask=m)
+""".replace("WIDEN", "{ .reg .b8 t<4>; mov.b32 {t0, t1, t2, t3}, $4; "
+            "cvt.u32.u8 $0, t0; cvt.u32.u8 $1, t1; cvt.u32.u8 $2, t2; cvt.u32.u8 $3, t3; }")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block", [256, 1024])
+def test_inline_asm_packs_elements_as_triton(block):
+    """pack=4 i8 and pack=2 f16 share one 32-bit register (element 0 in the low bits); pack=2 f32 takes two (a scalar:
+    one element and a padding one)."""
+    n = 1001  # not a multiple of pack * threads: the last group of a thread is padded
+    a, b, u = (torch.randint(-128, 128, (n,), dtype=torch.int8, device="cuda") for _ in range(3))
+    h, g = (torch.randn(n, device="cuda").half() for _ in range(2))
+    v = torch.randn(n, device="cuda")
+    band = torch.zeros(n, dtype=torch.int8, device="cuda")
+    hsum = torch.full((n,), float("nan"), dtype=torch.float16, device="cuda")
+    neg = torch.full((n,), float("nan"), device="cuda")
+    wide = torch.full((n,), -1, dtype=torch.int32, device="cuda")
+    module(ASM_PACK).k[(-(-n // block),)](a, b, h, g, v, u, band, hsum, neg, wide, 0.75, n, BLOCK=block)
+    assert torch.equal(band, a & b) and torch.equal(hsum, h + g) and torch.equal(neg, -v + 0.75)
+    assert torch.equal(wide, u.int() & 255)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_packed_inline_asm_compiles(arch):
+    sig = {"a": Ptr(i8), "b": Ptr(i8), "h": Ptr(f16), "g": Ptr(f16), "v": Ptr(f32), "u": Ptr(i8), "band": Ptr(i8),
+           "hsum": Ptr(f16), "neg": Ptr(f32), "wide": Ptr(i32), "sc": f32, "n": i32}
+    for block in (64, 1024):
+        assert "HADD2" in sass(ASM_PACK, "k", sig, {"BLOCK": block}, arch)
 
 # ---- integers as pointers ----------------------------------------------------------------------------------
 POINTERS = """\

@@ -297,11 +297,13 @@ def device_assert(cg: Codegen, op: ir.Op) -> None:
 
 
 ASM_C = {"h": "unsigned short", "r": "unsigned", "l": "unsigned long long", "f": "float", "d": "double"}
+UINT = {8: "unsigned char", 16: "unsigned short", 32: "unsigned", 64: "unsigned long long"}
 
 
 def inline_asm(cg: Codegen, op: ir.Op) -> None:
-    """One asm statement per register; every operand travels as the bits its constraint names."""
-    res, (out, *ins) = op.result, op.attrs["constraints"]
+    """One asm statement per `pack` registers (the last group padded); every operand travels as the bits its
+    constraint names, elements narrower than 32 bits packed into one operand as in Triton (element 0 lowest)."""
+    res, cons, pack = op.result, op.attrs["constraints"], op.attrs.get("pack", 1)
     text = re.sub(r"\$(\d+)|\$\$|%", lambda m: f"%{m[1]}" if m[1] else "$" if m[0] == "$$" else "%%", op.attrs["asm"])
     n = res.layout.nregs if res.type.shape else 1
     if res.type.shape:
@@ -311,10 +313,26 @@ def inline_asm(cg: Codegen, op: ir.Op) -> None:
     dest = cg.regs(res) if res.type.shape else [cg.name_of(res)]
     cols = [cg.regs(a) if a.type.shape else [cg.scalar(a)] * n for a in op.args]
     volatile = "" if op.attrs["pure"] else " volatile"
-    for i in range(n):
-        operands = ", ".join(f'"{c}"(nk_bitcast<{ASM_C[c]}>({col[i]}))' for c, col in zip(ins, cols))
-        cg.emit(f"{{ {ASM_C[out[1:]]} o; asm{volatile}({cexpr.cstring(text)} : \"{out}\"(o) : {operands}); "
-                f"{dest[i]} = nk_bitcast<{cexpr.ctype(res.type.dtype)}>(o); }}")
+
+    def groups(dt, k: int) -> list[range]:  # the elements of each operand register of a group of `pack`
+        per = min(max(32 // dt.bits, 1), pack)
+        return [range(k + j, k + j + per) for j in range(0, pack, per)]
+    for k in range(0, n, pack):
+        out_regs = groups(res.type.dtype, k)
+        ins = []
+        for a, col in zip(op.args, cols):
+            w = a.type.dtype.bits
+            for g in groups(a.type.dtype, k):
+                bits = " | ".join(f"({UINT[w * len(g)]})nk_bitcast<{UINT[w]}>({col[min(i, n - 1)]}) << {w * j}"
+                                  for j, i in enumerate(g))
+                ins.append(f"nk_bitcast<{ASM_C[cons[len(out_regs) + len(ins)]]}>(({UINT[w * len(g)]})({bits}))")
+        outs = ", ".join(f'"{c}"(o{j})' for j, c in enumerate(cons[:len(out_regs)]))
+        operands = ", ".join(f'"{c}"({x})' for c, x in zip(cons[len(out_regs):], ins))
+        w, t = res.type.dtype.bits, cexpr.ctype(res.type.dtype)
+        unpack = " ".join(f"{dest[i]} = nk_bitcast<{t}>(({UINT[w]})(nk_bitcast<{UINT[w * len(g)]}>(o{j}) >> {w * m}));"
+                          for j, g in enumerate(out_regs) for m, i in enumerate(g) if i < n)
+        cg.emit(f"{{ {' '.join(f'{ASM_C[c[1:]]} o{j};' for j, c in enumerate(cons[:len(out_regs)]))} "
+                f"asm{volatile}({cexpr.cstring(text)} : {outs} : {operands}); {unpack} }}")
 
 
 from . import memory, mma, reduce, shared  # noqa: E402 - they take a Codegen
