@@ -105,6 +105,8 @@ kernel asm(x, idx, n, BLOCK: constexpr):
     offs = program_id(0) * BLOCK + arange(0, BLOCK)
     v = inline_asm_elementwise("shf.l.wrap.b32 $0, $1, $2, $3;", "=r,r,r,r", [offs, n, 3], i32, True, 1)
     store(idx + offs, v, mask=offs < n)
+    h = inline_asm_elementwise("add.rn.f16x2 $0, $1, $1;", "=r,r", load(x + offs, mask=offs < n).to(f16), f16, True, 2)
+    store(x + offs, h, mask=offs < n)
 '''
 CORPUS = {p.name: p.read_text() for p in sorted((ROOT / "stdlib").glob("*.nk"))} | {"seeds.nk": SEEDS}
 
