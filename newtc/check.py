@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
+import sys
 
 import numpy as np
 from dataclasses import dataclass, replace
@@ -17,7 +18,7 @@ from dataclasses import dataclass, replace
 from . import ast as A
 from . import ir
 from .errors import NkError, Span
-from .types import DTYPES, FP8, DType, Ptr, Type, bool_, f32, f64, i32, i64, promote
+from .types import DTYPES, FP8, DType, Ptr, Type, bf16, bool_, f16, f32, f64, i32, i64, promote, u32, u64
 
 BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod", "<<": "shl",
           ">>": "shr", "&": "and", "|": "or", "^": "xor", "<": "lt", "<=": "le", ">": "gt", ">=": "ge",
@@ -26,7 +27,20 @@ INT_ONLY = {"shl", "shr", "and", "or", "xor"}
 NOT_ON_BOOLS = {"add", "sub", "mul", "floordiv", "mod", "shl", "shr"}  # C would compute them in int
 MATH = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "floor", "ceil"}
 REDUCTIONS = {"sum", "max", "min", "argmax", "argmin"}
-ATOMICS = {"atomic_add": "add", "atomic_max": "max", "atomic_min": "min", "atomic_xchg": "xchg"}
+ATOMICS = {"atomic_add": "add", "atomic_max": "max", "atomic_min": "min", "atomic_xchg": "xchg", "atomic_or": "or",
+           "atomic_and": "and", "atomic_xor": "xor"}
+SEMS, SCOPES = ("relaxed", "acquire", "release", "acq_rel"), ("gpu", "cta", "sys")
+# Triton's math builtins and the CUDA math library (callable as libdevice.NAME: NAMEf on f32, NAME on f64), by arity
+LIBM_BUILTINS = {**dict.fromkeys("asin acos atan sinh cosh log1p expm1 rint round trunc erfinv".split(), 1),
+                 "pow": 2, "atan2": 2, "div_rn": 2}
+LIBM = {**LIBM_BUILTINS, **dict.fromkeys(
+    "acosh asinh atanh cbrt ceil cos cospi cyl_bessel_i0 cyl_bessel_i1 erf erfc erfcinv erfcx exp exp10 exp2 fabs floor "
+    "j0 j1 lgamma log log10 log2 logb nearbyint normcdf normcdfinv rcbrt rsqrt sin sinpi sqrt tan tanh tgamma y0 y1".split(), 1),
+        **dict.fromkeys("copysign fdim fmax fmin fmod hypot nextafter remainder rhypot".split(), 2),
+        **dict.fromkeys(("fma", "norm3d", "rnorm3d"), 3)}
+# Philox (Random123, as Triton's random.py uses it) by counter width: key increments A, B and round multipliers A, B
+PHILOX = {32: (0x9E3779B9, 0xBB67AE85, 0xD2511F53, 0xCD9E8D57),
+          64: (0x9E3779B97F4A7C15, 0xBB67AE8584CAA73B, 0xD2E7470EE14C6C93, 0xCA5A826395121157)}
 CONSTANTS = {"inf": math.inf, "nan": math.nan, **DTYPES}
 LOOPS = ("range", "static_range")
 # Limits that keep every later stage (and NVRTC) within seconds; docs/language.md lists them.
@@ -325,6 +339,13 @@ class Checker:
                 return Method(v, "to")
         elif isinstance(v, (bool, int, float)) and e.attr == "to":
             return Method(self.value(v, e.span), "to")
+        elif v == Func("libdevice"):
+            if e.attr not in LIBM:
+                close = difflib.get_close_matches(e.attr, list(LIBM), n=3)
+                raise NkError(f"'libdevice.{e.attr}' is not a CUDA math function newt knows", e.span,
+                              f"did you mean {', '.join(f'libdevice.{m}' for m in close)}?" if close else
+                              "libdevice.NAME calls the CUDA math function NAMEf (f32) or NAME (f64)")
+            return Func(f"libdevice.{e.attr}")
         raise NkError(f"{describe(v)} has no attribute '{e.attr}'", e.span)
 
     def expr_Subscript(self, e: A.Subscript):
@@ -463,7 +484,7 @@ class Checker:
             d = self.defs.get(f.name)
             if d is not None and d.kind == "def":
                 return self.inline(d, args, kwargs, e.span)
-            if f.name in BUILTINS:
+            if f.name.partition(".")[0] in BUILTINS:  # libdevice.NAME is the builtin libdevice
                 return self.call_builtin(f.name, args, kwargs, e.span)
             if d is not None:
                 raise NkError(f"'{d.name}' is a {d.kind}; only `def` helpers can be called from a kernel", e.func.span)
@@ -478,10 +499,15 @@ class Checker:
             if args[0].bits != v.type.dtype.bits:
                 raise NkError(f"bitcast needs equal widths: {v.type.dtype} and {args[0]}", span)
             return self.emit("bitcast", [v], v.type.with_dtype(args[0]), span)
+        if isinstance(args[0], Ptr) or isinstance(v.type.dtype, Ptr):  # only explicitly: an address is 64 bits
+            if not all(isinstance(t, Ptr) or t in (i64, u64) for t in (args[0], v.type.dtype)):
+                raise NkError(f"cannot convert {v.type.dtype} to {args[0]}", span,
+                              "a pointer converts to another pointer type or to and from a 64-bit integer (i64, u64)")
+            return self.emit("cast", [v], v.type.with_dtype(args[0]), span)
         return self.cast(v, args[0], span)
 
     def call_builtin(self, name: str, args, kwargs, span: Span):
-        fn = BUILTINS[name]
+        fn = BUILTINS[name.partition(".")[0]]
         sig = inspect.signature(fn)
         try:
             bound = sig.bind(self, span, *args, **kwargs)
@@ -1015,28 +1041,35 @@ def block_access(c: Checker, span, ptr, mask, other, boundary_check, padding_opt
     return base, mask, other
 
 
-@builtin("atomic_add", "atomic_max", "atomic_min", "atomic_xchg")
-def _atomic(c: Checker, span, ptr, val, mask=None, *, _name=""):
-    return atomic(c, span, ATOMICS[_name], ptr, [val], mask)
+@builtin(*ATOMICS)
+def _atomic(c: Checker, span, ptr, val, mask=None, sem="acq_rel", scope="gpu", *, _name=""):
+    return atomic(c, span, ATOMICS[_name], ptr, [val], mask, sem, scope)
 
 
 @builtin("atomic_cas")
-def _atomic_cas(c: Checker, span, ptr, cmp, val, mask=None):
-    return atomic(c, span, "cas", ptr, [cmp, val], mask)
+def _atomic_cas(c: Checker, span, ptr, cmp, val, mask=None, sem="acq_rel", scope="gpu"):
+    return atomic(c, span, "cas", ptr, [cmp, val], mask, sem, scope)
 
 
-def atomic(c: Checker, span, kind, ptr, vals, mask):
+def atomic(c: Checker, span, kind, ptr, vals, mask, sem, scope):
     need_pointer(ptr, "an atomic", span)
     elem = ptr.type.dtype.elem
     if elem.bits < 32 and kind != "cas" or elem == bool_:
         raise NkError(f"atomic_{kind} on {elem} is not supported", span, "use 32- or 64-bit elements")
+    if kind in ("or", "and", "xor") and not elem.is_int:
+        raise NkError(f"atomic_{kind} needs integer elements, got {elem}", span)
+    for what, v, allowed in (("sem", sem, SEMS), ("scope", scope, SCOPES)):
+        if v not in allowed:
+            raise NkError(f"{what}={describe(v)} is not one of {', '.join(map(repr, allowed))}", span,
+                          "the PTX memory model: sem orders other memory accesses around the atomic, scope says "
+                          "which threads that ordering is for (the CTA, the GPU, the whole system)")
     vals = [c.cast(c.value(v, span, elem), elem, span) for v in vals]
     shape = ptr.type.shape
     for v in vals:
         shape = broadcast_shapes(shape, v.type.shape, span)
     mask, shape = memory_mask(c, mask, shape, span)
     args = [c.to_shape(ptr, shape, span)] + [c.to_shape(v, shape, span) for v in vals] + [mask]
-    return c.emit("atomic", args, Type(shape, elem), span, {"kind": kind})
+    return c.emit("atomic", args, Type(shape, elem), span, {"kind": kind, "sem": sem, "scope": scope})
 
 
 @builtin("where")
@@ -1207,3 +1240,148 @@ def _print(c: Checker, span, prefix, *values):
 @builtin("range", "static_range")
 def _range(c: Checker, span, *args):
     raise NkError("range() and static_range() only appear as `for` loop iterables", span)
+
+
+# ---- Triton's math, random numbers, memory model and debugging builtins --------------------------
+@builtin(*LIBM_BUILTINS, "libdevice")
+def _libm(c: Checker, span, *args, _name=""):
+    fn = _name.removeprefix("libdevice.")
+    if fn == "libdevice":
+        raise NkError("libdevice is the CUDA math library, not a function", span, "call one of it, e.g. libdevice.j0(x)")
+    if len(args) != LIBM[fn]:
+        raise NkError(f"{_name}() takes {LIBM[fn]} argument{'s' * (LIBM[fn] > 1)}, got {len(args)}", span)
+    xs = c.unify(list(args), span)
+    if isinstance(xs[0].type.dtype, Ptr):
+        raise NkError(f"{_name}() needs numbers, got {xs[0].type}", span)
+    xs = [x if x.type.dtype.is_float else c.cast(x, f32, span) for x in xs]  # as the other math: ints in f32
+    return c.emit("libm", xs, xs[0].type, span, {"fn": fn})
+
+
+@builtin("umulhi")
+def _umulhi(c: Checker, span, x, y):
+    x, y = c.unify([x, y], span)
+    if not x.type.dtype.is_int or x.type.dtype.bits < 32:
+        raise NkError(f"umulhi() takes 32- or 64-bit integers, got {x.type.dtype}", span)
+    return c.emit("libm", [x, y], x.type, span, {"fn": "umulhi"})  # the high half of the unsigned product
+
+
+@builtin("clamp")
+def _clamp(c: Checker, span, x, lo, hi):
+    x, lo, hi = c.unify([x, lo, hi], span)
+    if isinstance(x.type.dtype, Ptr) or x.type.dtype == bool_:
+        raise NkError(f"clamp() needs numbers, got {x.type}", span)
+    r = _minmax(c, span, _minmax(c, span, x, lo, _name="maximum"), hi, _name="minimum")
+    return _where(c, span, c.binary("!=", x, x, span), x, r) if x.type.dtype.is_float else r  # NaN stays, as torch
+
+
+@builtin("randint4x")
+def _randint4x(c: Checker, span, seed, offset, n_rounds=10):
+    """Triton's Philox: counter (offset, 0, 0, 0); the key is the seed's two 32-bit halves (32-bit offsets, 4x32)
+    or the seed and 0 (64-bit offsets, 4x64)."""
+    n_rounds = c.constexpr(n_rounds, "n_rounds", span)
+    offset = c.value(offset, span)
+    seed = c.value(seed, span, u64 if type(seed) is int and seed >= 0 else None)
+    dt = offset.type.dtype
+    if not dt.is_int or dt.bits < 32 or not seed.type.dtype.is_int or seed.type.shape:
+        raise NkError(f"random numbers take a scalar integer seed and 32- or 64-bit integer offsets, got "
+                      f"{describe(seed)} and {describe(offset)}", span)
+    if type(n_rounds) is not int or not 1 <= n_rounds <= 64:
+        raise NkError(f"n_rounds must be an integer from 1 to 64, got {describe(n_rounds)}", span)
+    u = u32 if dt.bits == 32 else u64
+    seed = c.cast(seed, u64, span)
+    key = [c.cast(c.binary("&", seed, 0xFFFFFFFF, span), u32, span), c.cast(c.binary(">>", seed, 32, span), u32, span)] \
+        if u == u32 else [seed, c.const(0, u64, span)]
+    x = [offset if dt == u else c.emit("bitcast", [offset], offset.type.with_dtype(u), span)]
+    x += [c.to_shape(c.const(0, u, span), offset.type.shape, span)] * 3
+    key_a, key_b, mul_a, mul_b = PHILOX[dt.bits]
+
+    def op(o, a, b):
+        return c.binary(o, a, b, span)
+    for _ in range(n_rounds):
+        x = [op("^", op("^", _umulhi(c, span, mul_b, x[2]), x[1]), key[0]), op("*", mul_b, x[2]),
+             op("^", op("^", _umulhi(c, span, mul_a, x[0]), x[3]), key[1]), op("*", mul_a, x[0])]
+        key = [op("+", key[0], key_a), op("+", key[1], key_b)]
+    return tuple(x)
+
+
+@builtin("randint", "rand", "rand4x", "randn", "randn4x")
+def _random(c: Checker, span, seed, offset, n_rounds=10, *, _name=""):
+    r = _randint4x(c, span, seed, offset, n_rounds)
+    if _name == "randint":
+        return r[0]
+    u = []
+    for x in r[:1 if _name == "rand" else 2 if _name == "randn" else 4]:  # Triton's uint_to_uniform_float
+        x = c.emit("bitcast", [x], x.type.with_dtype(i32 if x.type.dtype == u32 else i64), span)
+        x = _where(c, span, c.binary("<", x, 0, span), c.emit("not", [x], x.type, span), x)
+        u.append(c.binary("*", x, 4.6566127342e-10 if x.type.dtype == i32 else 1.0842020432385337e-19, span))
+    if not _name.startswith("randn"):
+        return u[0] if _name == "rand" else tuple(u)
+    n = []
+    for u1, u2 in zip(u[::2], u[1::2]):  # Box-Muller, as Triton's pair_uniform_to_normal
+        u1 = _minmax(c, span, 1.0e-7, u1, _name="maximum")  # the accurate logf: r is small where u1 nears 1
+        r = _math(c, span, c.binary("*", -2.0, _libm(c, span, u1, _name="log"), span), _name="sqrt")
+        th = c.binary("*", 6.283185307179586, u2, span)
+        n += [c.binary("*", r, _math(c, span, th, _name=f), span) for f in ("cos", "sin")]
+    return n[0] if _name == "randn" else tuple(n)
+
+
+@builtin("debug_barrier")
+def _debug_barrier(c: Checker, span):
+    c.emit("barrier", [], None, span)
+
+
+@builtin("device_assert")
+def _device_assert(c: Checker, span, cond, msg="", mask=None):
+    if not isinstance(msg, str):
+        raise NkError(f"device_assert() takes a string message, got {describe(msg)}", span)
+    cond = c.truth(c.value(cond, span, bool_), span)
+    mask, shape = memory_mask(c, mask, cond.type.shape, span)
+    c.emit("assert", [c.to_shape(cond, shape, span), mask], None, span, {"msg": msg})
+
+
+@builtin("static_print")
+def _static_print(c: Checker, span, *values):
+    # stderr, as a compiler's notes: the language server speaks its protocol on stdout
+    print(f"{span.file}:{span.line}:", *(v.type if isinstance(v, ir.Value) else v for v in values), file=sys.stderr)
+
+
+@builtin("inline_asm_elementwise")
+def _inline_asm(c: Checker, span, asm, constraints, args, dtype, is_pure, pack):
+    """Triton's inline PTX ($0... the results' registers, then the arguments'), on `pack` elements at a time."""
+    args = list(args) if isinstance(args, (tuple, list)) else [args]
+    cons = constraints.replace(" ", "").split(",") if isinstance(constraints, str) else []
+    if not isinstance(asm, str) or not cons or not isinstance(dtype, DType) or type(is_pure) is not bool:
+        raise NkError("inline_asm_elementwise() takes the asm and constraint strings, a list of arguments, one result "
+                      "dtype and is_pure=True/False", span)
+    if type(pack) is not int or not 1 <= pack <= 16 or pack & (pack - 1):
+        raise NkError(f"inline_asm_elementwise(pack={describe(pack)}): pack is a power of two from 1 to 16", span,
+                      "the number of elements one asm statement processes")
+    vals = [c.value(a, span) for a in args]
+    shape = ()
+    for v in vals:
+        shape = broadcast_shapes(shape, v.type.shape, span)
+    types = [dtype] + [v.type.dtype for v in vals]
+    if any(t == bool_ or isinstance(t, Ptr) for t in types):
+        raise NkError("inline_asm_elementwise() takes numbers", span, "convert bools and pointers to an integer type")
+    # as Triton: elements narrower than 32 bits travel packed, as many as fit in 32 bits, into one register each
+    bits = [[t.bits * per] * (pack // per) for t in types for per in [min(max(32 // t.bits, 1), pack)]]
+    outs, ins = len(bits[0]), sum(map(len, bits[1:]))
+    if len(cons) != outs + ins or any((x[:1] == "=") != (i < outs) for i, x in enumerate(cons)):
+        raise NkError(f"constraints {constraints!r} must be {outs} output(s) ('=r') and then {ins} input(s)", span,
+                      f"pack={pack} elements per asm statement; those narrower than 32 bits share 32-bit registers")
+    for b, x in zip(sum(bits, []), cons):  # a value travels as its bits
+        if ASM_BITS.get(x.lstrip("=")) != b:
+            raise NkError(f"constraint '{x}' does not fit {b} bits", span, "'h' holds 16 bits, 'r' and 'f' 32, "
+                          "'l' and 'd' 64")
+    return c.emit("asm", [c.to_shape(v, shape, span) for v in vals], Type(shape, dtype), span,
+                  {"asm": asm, "constraints": cons, "pure": is_pure, "pack": pack})
+
+
+ASM_BITS = {"h": 16, "r": 32, "l": 64, "f": 32, "d": 64}
+
+
+@builtin("pointer_type")
+def _pointer_type(c: Checker, span, dtype):
+    if not isinstance(dtype, DType):
+        raise NkError(f"pointer_type() takes a dtype, got {describe(dtype)}", span)
+    return Ptr(dtype)

@@ -118,8 +118,15 @@ def _f2i(x: torch.Tensor, dt: T.DType) -> torch.Tensor:
 
 def _cast(st, op, x, bitcast=False):
     src, dst = op.args[0].type.dtype, op.result.type.dtype
-    if isinstance(x, _Ptr):  # reinterpret the memory; offsets stay in elements of the new type
-        return _Ptr(x.base.view(_TORCH[dst.elem]), x.off)
+    if isinstance(x, _Ptr) and isinstance(dst, T.Ptr):  # reinterpret the memory at the same byte address
+        byte = x.off * src.elem.itemsize
+        if (byte % dst.elem.itemsize).any():
+            raise NkError(f"a {src} address that is not aligned for {dst}", op.span)
+        return _Ptr(x.base.view(_TORCH[dst.elem]), byte // dst.elem.itemsize)
+    if isinstance(x, _Ptr):
+        return _fit(x.base.data_ptr() + x.off * src.elem.itemsize, dst)
+    if isinstance(dst, T.Ptr):
+        return _address(st, op, x, dst.elem)
     if bitcast:
         return _fit(x.to(_TORCH[src]).view(_TORCH[dst]), dst)
     if dst == T.bool_:
@@ -129,6 +136,20 @@ def _cast(st, op, x, bitcast=False):
     if src == T.u64 and dst.is_float:
         x = torch.from_numpy(_np(x).astype(np.float64))
     return _fit(x, dst)
+
+
+def _address(st, op, addr: torch.Tensor, elem: T.DType) -> _Ptr:
+    """An integer turned pointer: an address inside one of the launch's tensors (lanes outside it are then
+    out of bounds there, which a load or store reports unless they are masked)."""
+    for p in st.env.values():
+        if isinstance(p, _Ptr) and p.base.numel():
+            byte = addr - p.base.data_ptr()
+            inside = (byte >= 0) & (byte < p.base.numel() * p.base.element_size())
+            if inside.any():
+                if (byte[inside] % elem.itemsize).any():
+                    raise NkError(f"an address that is not aligned for {elem}", op.span)
+                return _Ptr(p.base.view(_TORCH[elem]), torch.div(byte, elem.itemsize, rounding_mode="floor"))
+    raise NkError("the interpreter follows addresses inside this launch's tensors only, and no lane has one", op.span)
 
 
 def _check(op, p: _Ptr, mask, what: str) -> None:
@@ -181,8 +202,7 @@ def _atomic(st, op, p, *rest):
         if kind == "cas":
             new = torch.where(cur == vals[0][sel], v, cur)
         else:
-            new = v if kind == "xchg" else _binary({"add": "add", "max": "maximum", "min": "minimum"}[kind],
-                                                   cur, v, dt, dt)
+            new = v if kind == "xchg" else _binary({"max": "maximum", "min": "minimum"}.get(kind, kind), cur, v, dt, dt)
         p.base[off[sel]] = new.to(p.base.dtype)
         old[sel] = cur
     return old.reshape(op.result.type.shape)
@@ -261,6 +281,59 @@ def _print(st, op, *vals):
     print(f"pid {st.pid} {op.attrs.get('prefix', '')}", *(_show(v, a) for v, a in zip(vals, op.args)))
 
 
+def _round(x):
+    """Half away from zero, as C's round (x - trunc(x) is exact)."""
+    t = torch.trunc(x)
+    return t + torch.where((x - t).abs() >= 0.5, torch.sign(x), torch.zeros((), dtype=x.dtype))
+
+
+def _umulhi(a, b, dt: T.DType):
+    """The high half of the unsigned product, from 32-bit limbs in uint64."""
+    m, k = np.uint64(0xFFFFFFFF), np.uint64(32)
+    a, b = (_np(x.long() & 0xFFFFFFFF if dt.bits == 32 else x.long()) for x in (a, b))
+    al, ah, bl, bh = a & m, a >> k, b & m, b >> k
+    ll, lh, hl = al * bl, al * bh, ah * bl
+    hi = ah * bh + (lh >> k) + (hl >> k) + (((ll >> k) + (lh & m) + (hl & m)) >> k)
+    return _fit(torch.from_numpy(np.asarray(ll >> k if dt.bits == 32 else hi).view(np.int64)), dt)
+
+
+# the CUDA math functions the interpreter has (the rest raise); f16/bf16 in f32, as on the GPU
+_LIBM = {"asin": torch.asin, "acos": torch.acos, "atan": torch.atan, "sinh": torch.sinh, "cosh": torch.cosh,
+         "log1p": torch.log1p, "expm1": torch.expm1, "rint": torch.round, "nearbyint": torch.round, "round": _round,
+         "trunc": torch.trunc, "erfinv": torch.erfinv, "pow": torch.pow, "atan2": torch.atan2, "div_rn": torch.div,
+         "acosh": torch.acosh, "asinh": torch.asinh, "atanh": torch.atanh, "ceil": torch.ceil, "cos": torch.cos,
+         "erf": torch.erf, "erfc": torch.erfc, "erfcx": torch.special.erfcx, "exp": torch.exp, "exp2": torch.exp2,
+         "exp10": lambda x: torch.pow(10.0, x), "fabs": torch.abs, "floor": torch.floor, "j0": torch.special.bessel_j0,
+         "j1": torch.special.bessel_j1, "y0": torch.special.bessel_y0, "y1": torch.special.bessel_y1,
+         "cyl_bessel_i0": torch.special.i0, "cyl_bessel_i1": torch.special.i1, "lgamma": torch.lgamma,
+         "log": torch.log, "log10": torch.log10, "log2": torch.log2, "normcdf": torch.special.ndtr,
+         "normcdfinv": torch.special.ndtri, "rsqrt": torch.rsqrt, "sin": torch.sin, "sqrt": torch.sqrt,
+         "tan": torch.tan, "tanh": torch.tanh, "copysign": torch.copysign, "fmax": torch.fmax, "fmin": torch.fmin,
+         "fmod": torch.fmod, "hypot": torch.hypot, "nextafter": torch.nextafter}
+
+
+def _libm(st, op, *xs):
+    fn, dt = op.attrs["fn"], op.result.type.dtype
+    if fn == "umulhi":
+        return _umulhi(*xs, dt)
+    if fn not in _LIBM:
+        raise NkError(f"libdevice.{fn} is not in the interpreter", op.span,
+                      f"run it on a GPU, or write it with other builtins; the interpreter has {', '.join(sorted(_LIBM))}")
+    return _fit(_LIBM[fn](*map(_up, xs)), dt)
+
+
+def _assert(st, op, cond, mask=None):
+    bad = ~cond & _live(mask)
+    if bad.any():
+        where = [i.tolist() for i in bad.nonzero()[0]] if bad.dim() else []
+        raise NkError(f"device_assert failed: {op.attrs['msg']}", op.span,
+                      f"program {st.pid}" + (f", element {where}" if where else ""))
+
+
+def _asm(st, op, *args):
+    raise NkError("inline_asm_elementwise() runs PTX, which the interpreter cannot", op.span, "run it on a GPU")
+
+
 _expand = _view(lambda x, op: x.expand(op.result.type.shape))
 OPS = {
     "const": lambda st, op: _const(op.attrs["value"], op.result.type.dtype).expand(op.result.type.shape),
@@ -278,6 +351,7 @@ OPS = {
     "ptradd": lambda st, op, p, o: _Ptr(p.base, p.off + o.long()),
     "load": _load, "store": _store, "atomic": _atomic, "reduce": _reduce, "dot": _dot,
     "for": _for, "if": _if, "print": _print,
+    "libm": _libm, "assert": _assert, "asm": _asm, "barrier": lambda st, op: [],
 }
 
 

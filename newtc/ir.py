@@ -15,6 +15,7 @@ Every value has a Type (shape, dtype) and, after the layout pass, a Layout. Op k
   lt le gt ge eq ne          (a, b) -> bool
   neg not abs exp exp2 log log2 sqrt rsqrt sin cos tanh sigmoid erf floor ceil   (x)
   fma         (a, b, c)
+  libm        (*x)               attrs fn                  a CUDA math function (fn + 'f' on f32), or umulhi
   where       (c, a, b)
   cast        (x)                                          result dtype is the target
   bitcast     (x)                                          same width, reinterpreted
@@ -28,6 +29,9 @@ Every value has a Type (shape, dtype) and, after the layout pass, a Layout. Op k
   if          (cond)                  regions then, else; each ends in yield; results
   yield       (*values)
   print       (*values)          attrs prefix
+  assert      (cond, mask|None)  attrs msg                 device_assert: traps with file:line and msg
+  asm         (*args)            attrs asm, constraints, pure, pack   inline PTX, pack elements a statement (anchored: never recomputed)
+  barrier                                                  debug_barrier (passes.smem also places them)
 
 Made by the passes (the checker never emits them; the interpreter runs the IR before the passes):
   convert     (x)                                          the same block in another register layout
@@ -60,7 +64,7 @@ ELEMENTWISE_BINARY = {"add", "sub", "mul", "div", "floordiv", "mod", "shl", "shr
 COMPARISONS = {"lt", "le", "gt", "ge", "eq", "ne"}
 ELEMENTWISE_UNARY = {"neg", "not", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
                      "sigmoid", "erf", "floor", "ceil"}
-ELEMENTWISE = ELEMENTWISE_BINARY | COMPARISONS | ELEMENTWISE_UNARY | {"fma", "where", "cast", "bitcast", "ptradd"}
+ELEMENTWISE = ELEMENTWISE_BINARY | COMPARISONS | ELEMENTWISE_UNARY | {"fma", "where", "cast", "bitcast", "ptradd", "libm"}
 VIEWS = {"splat", "broadcast", "expand_dims", "reshape", "trans"}
 
 

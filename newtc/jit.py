@@ -275,6 +275,7 @@ class Kernel:
         self.constexpr_names = {p.name for p in d.params if check.is_constexpr_annot(p.annotation)}
         self.launchers: dict = {}  # specialization key -> Launcher
         self.launch_fns: dict = {}  # argument kinds -> generated launch function
+        self.checked: dict = {}  # repr(spec) -> the typed IR the interpreter runs (checked once, as a compile is)
         self.current = self.run  # the launch path of the last kinds seen
         self.lock = threading.Lock()
 
@@ -417,7 +418,9 @@ class Kernel:
         launcher(_stream(device), values, *grid)
 
     def interpret(self, grid, args, meta) -> None:
-        k = compiler.compile(self.module.ast, self.name, self.specialize(args, meta), "checked").kernel
+        spec = self.specialize(args, meta)
+        k = self.checked.get(repr(spec)) or compiler.compile(self.module.ast, self.name, spec, "checked").kernel
+        self.checked[repr(spec)] = k
         self.check_scalars([p.type.dtype for p in k.params], args)
         host = [a.cpu() if isinstance(a, Tensor) and a.device.type != "cpu" else a for a in args]
         interpret.run(k, grid, host)

@@ -19,7 +19,8 @@ from newtc.types import DTYPES, Ptr, Type, bf16, bool_, f16, f32, f64, f8e4m3, f
 
 # every op kind the checker may emit (ir.py's list); in particular no "call"
 KNOWN_KINDS = (ir.ELEMENTWISE | ir.VIEWS | {"const", "program_id", "num_programs", "arange", "load", "store",
-                                            "atomic", "reduce", "dot", "for", "if", "yield", "print"})
+                                            "atomic", "reduce", "dot", "for", "if", "yield", "print", "assert", "asm",
+                                            "barrier"})
 
 
 def typed(body: str, sig: dict | None = None, constexprs: dict | None = None, *, params: str | None = None,
@@ -743,3 +744,17 @@ def test_compiling_from_many_threads_matches_serial():
         got = list(pool.map(lambda i: (i, front_end(THREAD_JOBS[i])), jobs))
     for i, result in got:
         assert result == serial[i], THREAD_JOBS[i][0]
+
+
+def test_random_numbers_are_elementwise_integer_ops():
+    """Philox is unrolled by the checker into u32 multiplies, xors and umulhi: every later stage already knows them."""
+    k = typed("store(x + arange(0, 8), rand(n, arange(0, 8), n_rounds=3))\n", {"x": Ptr(f32), "n": i32})
+    hi = ops(k, "libm")
+    assert [op.attrs["fn"] for op in hi] == ["umulhi"] * 6 and {op.result.type for op in hi} == {Type((8,), u32)}
+    assert {op.kind for op in ops(k)} <= ir.ELEMENTWISE | {"const", "arange", "splat", "store"}
+
+
+def test_atomics_carry_their_memory_order():
+    k = typed("y = atomic_add(x, 1.0)\nz = atomic_xor(p, 1, sem='relaxed', scope='cta')\n",
+              {"x": Ptr(f32), "p": Ptr(i32)})
+    assert [(op.attrs["sem"], op.attrs["scope"]) for op in ops(k, "atomic")] == [("acq_rel", "gpu"), ("relaxed", "cta")]

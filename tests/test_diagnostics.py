@@ -768,3 +768,68 @@ def test_nan_padding_needs_floats():
                        "padding_option='nan')\n", "pad.nk", sig={"x": Ptr(i32), "n": i32})
     assert_diagnostic(err, "pad.nk", 3, 9, "padding_option is 'zero' or 'nan' \\(for floats\\), got the string 'nan' "
                       "for i32")
+
+
+# ---- math, random numbers, memory model and debugging builtins (issue 15) --------------------------------
+@pytest.mark.parametrize("body, col, message, hint", [
+    ("y = libdevice.j00(load(x))\n", 9, r"'libdevice.j00' is not a CUDA math function", r"did you mean libdevice.j0"),
+    ("y = libdevice.zzzz(1.0)\n", 9, r"'libdevice.zzzz' is not a CUDA math function", r"libdevice.NAME calls .* NAMEf"),
+    ("y = libdevice(1.0)\n", 9, "libdevice is the CUDA math library, not a function", r"libdevice.j0\(x\)"),
+    ("y = pow(load(x))\n", 9, r"pow\(\) takes 2 arguments, got 1", None),
+    ("y = libdevice.hypot(1.0, 2.0, 3.0)\n", 9, r"libdevice.hypot\(\) takes 2 arguments, got 3", None),
+    ("y = asin(x)\n", 9, r"asin\(\) needs numbers, got \*f32", None),
+    ("y = round(load(x), mode=1)\n", 9, r"round\(\): got an unexpected keyword argument 'mode'", None),
+    ("y = umulhi(load(x), 3)\n", 9, r"umulhi\(\) takes 32- or 64-bit integers, got f32", None),
+    ("y = umulhi(arange(0, 4).to(i16), 3)\n", 9, r"umulhi\(\) takes 32- or 64-bit integers, got i16", None),
+    ("y = clamp(arange(0, 4) < n, False, True)\n", 9, r"clamp\(\) needs numbers, got bool\[4\]", None),
+    ("y = clamp(load(x))\n", 9, r"clamp\(\): missing a required argument: 'lo'", r"signature: clamp\(x, lo, hi\)"),
+    ("y = rand(n, load(x + arange(0, 4)))\n", 9, "random numbers take a scalar integer seed and 32- or 64-bit "
+     r"integer offsets, got a scalar of type i32 and a block of type f32\[4\]", None),
+    ("y = rand(arange(0, 4), arange(0, 4))\n", 9, "random numbers take a scalar integer seed", None),
+    ("y = randn(1.5, arange(0, 4))\n", 9, "random numbers take a scalar integer seed", None),
+    ("y = randint(n, arange(0, 4).to(i16))\n", 9, "32- or 64-bit integer offsets", None),
+    ("y = rand(n, arange(0, 4), n)\n", 9, "n_rounds must be a compile-time constant", "constexpr"),
+    ("y = rand(n, arange(0, 4), 0)\n", 9, "n_rounds must be an integer from 1 to 64, got int 0", None),
+    ("y = atomic_add(x, 1.0, sem='seq_cst')\n", 9, r"sem=the string 'seq_cst' is not one of 'relaxed', 'acquire', "
+     "'release', 'acq_rel'", "the PTX memory model"),
+    ("y = atomic_max(x, 1.0, scope='block')\n", 9, r"scope=the string 'block' is not one of 'gpu', 'cta', 'sys'", None),
+    ("y = atomic_cas(x, 1.0, 2.0, sem=n)\n", 9, r"sem=a scalar of type i32 is not one of", None),
+    ("y = atomic_or(x, 1)\n", 9, "atomic_or needs integer elements, got f32", None),
+    ("y = atomic_xor(x, 1, sem='relaxed', order=2)\n", 9, r"atomic_xor\(\): got an unexpected keyword argument 'order'",
+     r"signature: atomic_xor\(ptr, val, mask, sem, scope\)"),
+    ("debug_barrier(1)\n", 5, r"debug_barrier\(\): too many positional arguments", None),
+    ("device_assert(n > 0, 42)\n", 5, r"device_assert\(\) takes a string message, got int 42", None),
+    ("device_assert(x, 'no pointers')\n", 5, r"a pointer \(\*f32\) cannot be a condition or a mask", None),
+    ("y = inline_asm_elementwise('mov.b32 $0, $1;', '=r,r', n, i32, True, 2)\n", 9,
+     r"constraints '=r,r' must be 2 output\(s\) \('=r'\) and then 2 input\(s\)", "pack=2 elements per asm statement"),
+    ("y = inline_asm_elementwise('mov.b32 $0, $1;', '=r,r', n, i32, True, 3)\n", 9,
+     r"inline_asm_elementwise\(pack=int 3\): pack is a power of two from 1 to 16", None),
+    ("y = inline_asm_elementwise('mov.b32 $0, $1;', '=r,r', n < 3, i32, True, 1)\n", 9,
+     r"inline_asm_elementwise\(\) takes numbers", "convert bools and pointers to an integer type"),
+    ("y = inline_asm_elementwise('mov.b32 $0, $1;', '=r', [n], i32, True, 1)\n", 9,
+     r"constraints '=r' must be 1 output\(s\) \('=r'\) and then 1 input\(s\)", None),
+    ("y = inline_asm_elementwise('mov.b32 $0, $1;', '=r,l', [n], i32, True, 1)\n", 9,
+     "constraint 'l' does not fit 32 bits", "'h' holds 16 bits"),
+    ("y = inline_asm_elementwise('mov.b32 $0, $1;', '=r,r', [n], i32, 1, 1)\n", 9,
+     r"inline_asm_elementwise\(\) takes the asm and constraint strings", None),
+    ("y = inline_asm_elementwise('mov.b32 $0, $1;', '=r,r', [n], (i32, i32), True, 1)\n", 9,
+     r"inline_asm_elementwise\(\) takes the asm and constraint strings, a list of arguments, one result dtype", None),
+    ("y = n.to(pointer_type(f32))\n", 9, r"cannot convert i32 to \*f32", "to and from a 64-bit integer"),
+    ("y = x.to(f32)\n", 9, r"cannot convert \*f32 to f32", None),
+    ("y = x.to(pointer_type(3))\n", 14, r"pointer_type\(\) takes a dtype, got int 3", None),
+])
+def test_builtin_misuse_is_a_diagnostic(body, col, message, hint):
+    err = typing_error(body, "misuse.nk")
+    assert_diagnostic(err, "misuse.nk", 2, col, message, hint)
+
+
+def test_a_failed_device_assert_in_the_interpreter_is_located():
+    x = torch.arange(8.0)
+    err = launch_error("""\
+        kernel k(x, n):
+            offs = arange(0, 8)
+            v = load(x + offs)
+            device_assert(v < n, "v stays below n", mask=offs < 6)
+    """, "assert.nk", x, 5)
+    assert_diagnostic(err, "assert.nk", 4, 5, "device_assert failed: v stays below n",
+                      r"program \(0, 0, 0\), element \[5\]")

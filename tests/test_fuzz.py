@@ -42,7 +42,7 @@ TIMEOUT_S = 60  # per mutant, all stages: far above any here (a hang is a findin
 
 # Features the stdlib does not use, so that mutants reach them.
 SEEDS = '''\
-def clamp(v, lo, hi):
+def clip(v, lo, hi):
     return minimum(maximum(v, lo), hi)
 
 kernel features(x, y, out, idx, n, scale: f32, BLOCK: constexpr, MODE: constexpr = "sum"):
@@ -52,7 +52,7 @@ kernel features(x, y, out, idx, n, scale: f32, BLOCK: constexpr, MODE: constexpr
     a = load(x + offs, mask=mask, other=0.0)
     b = load(y + offs, mask=mask, other=1.0)
     keep = a > b
-    c = where(keep & mask, a * scale, clamp(b, -1.0, 1.0))
+    c = where(keep & mask, a * scale, clip(b, -1.0, 1.0))
     i = load(idx + offs, mask=mask, other=0)
     j = ((i * 3 + 7) // 2 % 5 << 1 >> 1) & 15 | 2 ^ 1
     t = trans(reshape(c, [BLOCK // 2, 2]))
@@ -96,6 +96,32 @@ kernel tiles(x, out, x8, M, N, BM: constexpr, BN: constexpr):
     q = make_block_ptr(base=out, shape=(M, N), strides=(N, 1), offsets=(program_id(0) * BM, 0), block_shape=(BM, BN),
                        order=(1, 0))
     store(q, acc.to(f8e4m3).to(f32), boundary_check=(0, 1))
+
+kernel rng(x, out, idx, n, BLOCK: constexpr):
+    offs = program_id(0) * BLOCK + arange(0, BLOCK)
+    mask = offs < n
+    u = rand(n, offs)
+    a, b, c, d = randint4x(n + 2**33, offs.to(i64), n_rounds=7)
+    device_assert(u < 1.0, "rand is below 1", mask=mask)
+    v = load(x + offs, mask=mask, other=0.5)
+    r = pow(v, 2.0) + asin(clamp(v, -1, 1)) + atan2(v, u) + round(v) + rint(v) + trunc(v) + div_rn(v, 3.0) + randn(n, offs)
+    r += log1p(abs(v)) + expm1(u) + sinh(u) + cosh(u) + acos(u) + atan(v) + erfinv(u) + libdevice.erfcx(v)
+    static_print("rng", BLOCK, r)
+    store(out + offs, r, mask=mask)
+    debug_barrier()
+    p = (out + offs).to(i64).to(pointer_type(f32))
+    atomic_add(p, 1.0, mask=mask, sem="relaxed", scope="cta")
+    i = umulhi(load(idx + offs, mask=mask, other=0), 7919) ^ (a ^ b ^ c ^ d).to(i32)
+    atomic_or(idx + offs % 16, i, mask=mask, sem="release")
+    atomic_xor(idx + offs % 8, i, mask=mask, scope="sys")
+    atomic_and(idx + offs % 4, i | 1, mask=mask, sem="acquire", scope="gpu")
+
+kernel asm(x, idx, n, BLOCK: constexpr):
+    offs = program_id(0) * BLOCK + arange(0, BLOCK)
+    v = inline_asm_elementwise("shf.l.wrap.b32 $0, $1, $2, $3;", "=r,r,r,r", [offs, n, 3], i32, True, 1)
+    store(idx + offs, v, mask=offs < n)
+    h = inline_asm_elementwise("add.rn.f16x2 $0, $1, $1;", "=r,r", load(x + offs, mask=offs < n).to(f16), f16, True, 2)
+    store(x + offs, h, mask=offs < n)
 '''
 CORPUS = {p.name: p.read_text() for p in sorted((ROOT / "stdlib").glob("*.nk"))} | {"seeds.nk": SEEDS}
 
@@ -114,7 +140,10 @@ BUILTIN_NAMES = ("program_id", "num_programs", "arange", "zeros", "full", "load"
                  "maximum", "abs", "exp", "exp2", "log", "sqrt", "rsqrt", "sigmoid", "erf", "floor", "fma", "sum", "max",
                  "min", "argmax", "argmin", "reshape", "broadcast_to", "trans", "dot", "atomic_add", "atomic_max",
                  "atomic_cas", "atomic_xchg", "static_range", "static_assert", "to", "shape", "dtype", "i8", "u32", "f64",
-                 "make_block_ptr", "advance", "f8e4m3", "f8e5m2")
+                 "make_block_ptr", "advance", "f8e4m3", "f8e5m2",
+                 "rand", "randn", "randint", "randint4x", "pow", "clamp", "umulhi", "libdevice", "libdevice.j0", "round",
+                 "div_rn", "atomic_or", "atomic_and", "atomic_xor", "debug_barrier", "device_assert", "static_print",
+                 "inline_asm_elementwise", "pointer_type", "sem='relaxed'", "scope='cta'")
 EXTRA = BUILTIN_NAMES + ("kernel", "def", "tile", "if", "elif", "else", "for", "in", "return", "pass", "and", "or", "not", "None",
          "True", "False", "inf", "nan", "constexpr", "static_range", "range", "static_assert", "print", "dot",
          "atomic_cas", "atomic_xchg", "full", "broadcast_to", "bitcast=True", "i64", "u64", "f16", "bf16", "bool",

@@ -198,7 +198,8 @@ class Codegen:
         elif kind in ir.ELEMENTWISE:
             cols = [self.regs(a) for a in op.args]
             dts = [a.type.dtype for a in op.args]
-            self.define(res, [cexpr.elementwise(kind, dts, res.type.dtype, [c[i] for c in cols]) for i in range(n)])
+            self.define(res, [cexpr.elementwise(kind, dts, res.type.dtype, [c[i] for c in cols], op.attrs.get("fn"))
+                              for i in range(n)])
         else:
             raise NkError(f"internal: no code for {kind}", op.span)
 
@@ -210,7 +211,7 @@ class Codegen:
             reg = ("blockIdx", "gridDim")[kind == "num_programs"] + "." + "xyz"[op.attrs["axis"]]
             return f"({cexpr.ctype(op.result.type.dtype)}){reg}"
         dts = [a.type.dtype for a in op.args]
-        return cexpr.elementwise(kind, dts, op.result.type.dtype, [self.scalar(a) for a in op.args])
+        return cexpr.elementwise(kind, dts, op.result.type.dtype, [self.scalar(a) for a in op.args], op.attrs.get("fn"))
 
     def storage(self, vals: list[ir.Value]) -> None:
         """Declare mutable storage for loop-carried or branch-joined values."""
@@ -292,6 +293,54 @@ class Codegen:
         return Generated("\n".join(lines), symbol, threads, k.smem_bytes)
 
 
+def device_assert(cg: Codegen, op: ir.Op) -> None:
+    """__assertfail prints `file.nk:line: kernel: block [..], thread [..] Assertion `msg` failed.` and traps."""
+    cond, mask = op.args
+    fail = f'__assertfail({cexpr.cstring(op.attrs["msg"])}, "{cg.file_literal}", {op.span.line}, "{cg.k.name}", 1);'
+    conds = cg.regs(cond) if cond.type.shape else [cg.scalar(cond)]
+    masks = (cg.regs(mask) if mask.type.shape else [cg.scalar(mask)]) if mask is not None else [""] * len(conds)
+    cg.emit_all([f"if ({m + ' && ' if m else ''}!{c}) {fail}" for c, m in zip(conds, masks)], per_line=1)
+
+
+ASM_C = {"h": "unsigned short", "r": "unsigned", "l": "unsigned long long", "f": "float", "d": "double"}
+UINT = {8: "unsigned char", 16: "unsigned short", 32: "unsigned", 64: "unsigned long long"}
+
+
+def inline_asm(cg: Codegen, op: ir.Op) -> None:
+    """One asm statement per `pack` registers (the last group padded); every operand travels as the bits its
+    constraint names, elements narrower than 32 bits packed into one operand as in Triton (element 0 lowest)."""
+    res, cons, pack = op.result, op.attrs["constraints"], op.attrs.get("pack", 1)
+    text = re.sub(r"\$(\d+)|\$\$|%", lambda m: f"%{m[1]}" if m[1] else "$" if m[0] == "$$" else "%%", op.attrs["asm"])
+    n = res.layout.nregs if res.type.shape else 1
+    if res.type.shape:
+        cg.array(res)
+    else:
+        cg.emit(f"{cexpr.ctype(res.type.dtype)} {cg.name_of(res)};")
+    dest = cg.regs(res) if res.type.shape else [cg.name_of(res)]
+    cols = [cg.regs(a) if a.type.shape else [cg.scalar(a)] * n for a in op.args]
+    volatile = "" if op.attrs["pure"] else " volatile"
+
+    def groups(dt, k: int) -> list[range]:  # the elements of each operand register of a group of `pack`
+        per = min(max(32 // dt.bits, 1), pack)
+        return [range(k + j, k + j + per) for j in range(0, pack, per)]
+    for k in range(0, n, pack):
+        out_regs = groups(res.type.dtype, k)
+        ins = []
+        for a, col in zip(op.args, cols):
+            w = a.type.dtype.bits
+            for g in groups(a.type.dtype, k):
+                bits = " | ".join(f"({UINT[w * len(g)]})nk_bitcast<{UINT[w]}>({col[min(i, n - 1)]}) << {w * j}"
+                                  for j, i in enumerate(g))
+                ins.append(f"nk_bitcast<{ASM_C[cons[len(out_regs) + len(ins)]]}>(({UINT[w * len(g)]})({bits}))")
+        outs = ", ".join(f'"{c}"(o{j})' for j, c in enumerate(cons[:len(out_regs)]))
+        operands = ", ".join(f'"{c}"({x})' for c, x in zip(cons[len(out_regs):], ins))
+        w, t = res.type.dtype.bits, cexpr.ctype(res.type.dtype)
+        unpack = " ".join(f"{dest[i]} = nk_bitcast<{t}>(({UINT[w]})(nk_bitcast<{UINT[w * len(g)]}>(o{j}) >> {w * m}));"
+                          for j, g in enumerate(out_regs) for m, i in enumerate(g) if i < n)
+        cg.emit(f"{{ {' '.join(f'{ASM_C[c[1:]]} o{j};' for j, c in enumerate(cons[:len(out_regs)]))} "
+                f"asm{volatile}({cexpr.cstring(text)} : {outs} : {operands}); {unpack} }}")
+
+
 from . import memory, mma, reduce, shared  # noqa: E402 - they take a Codegen
 
 # ops with their own emitter, each a function (codegen, op)
@@ -299,7 +348,7 @@ RULES = {"for": Codegen.loop, "if": Codegen.branch, "store": memory.store, "load
          "atomic": memory.atomic, "reduce": reduce.reduce_op, "dot": mma.dot, "dot_wait": mma.dot_wait, "alloc": lambda cg, op: None, "slot": lambda cg, op: None,
          "local_store": shared.local_store, "local_load": shared.local_load, "async_copy": shared.async_copy,
          "async_commit": shared.async_commit, "async_wait": shared.async_wait,
-         "barrier": lambda cg, op: cg.emit("__syncthreads();"),
+         "barrier": lambda cg, op: cg.emit("__syncthreads();"), "assert": device_assert, "asm": inline_asm,
          "fence_async": lambda cg, op: cg.emit('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");')}
 
 GENERATED = re.compile(r"(nk_\w*|L\d+|\w+_\d+|__\w*|threadIdx|blockIdx|blockDim|gridDim|warpSize|\w+_t"

@@ -77,8 +77,25 @@ def math_fn(kind: str, dt: DType) -> str:
     return F64.get(kind, name[:-1]) if dt == f64 else name
 
 
-def elementwise(kind: str, dts: list, out, xs: list[str]) -> str:
-    """C expression for one register of an elementwise op; dts are the operand dtypes."""
+# libm functions whose CUDA names do not follow NAMEf / NAME: (32-bit, 64-bit)
+LIBM_C = {"div_rn": ("__fdiv_rn", "__ddiv_rn"), "umulhi": ("__umulhi", "__umul64hi")}
+
+
+def libm(fn: str, dt: DType, ws: list[str]) -> str:
+    if fn == "umulhi":  # unsigned, whatever the operands' signedness (as Triton's)
+        u = "unsigned" if dt.bits == 32 else "unsigned long long"
+        return f"({ctype(dt)}){LIBM_C[fn][dt.bits == 64]}(({u}){ws[0]}, ({u}){ws[1]})"
+    name = LIBM_C[fn][dt == f64] if fn in LIBM_C else fn + ("" if dt == f64 else "f")
+    return f"{name}({', '.join(ws)})"
+
+
+def cstring(s: str) -> str:
+    """A C string literal of s's UTF-8 bytes: octal escapes outside printable ASCII, quotes, backslashes and '?'."""
+    return '"' + "".join(chr(b) if 32 <= b < 127 and chr(b) not in '"\\?' else f"\\{b:03o}" for b in s.encode()) + '"'
+
+
+def elementwise(kind: str, dts: list, out, xs: list[str], fn: str | None = None) -> str:
+    """C expression for one register of an elementwise op; dts are the operand dtypes (fn: a libm op's function)."""
     dt = dts[0]
     if kind == "cast":
         return cast(xs[0], dt, out)
@@ -115,6 +132,8 @@ def elementwise(kind: str, dts: list, out, xs: list[str]) -> str:
     elif kind == "sigmoid":
         one = "1.0" if dt == f64 else "1.0f"
         e = f"({one} / ({one} + {math_fn('exp', dt)}(-{ws[0]})))"
+    elif kind == "libm":
+        e = libm(fn, dt, ws)
     elif kind == "fma":
         e = f"{'fma' if dt == f64 else 'fmaf'}({ws[0]}, {ws[1]}, {ws[2]})"
     else:

@@ -130,27 +130,43 @@ def predicated_store(cg, ptrs, vals, masks, t, g, static, owner, nbytes) -> None
 
 NATIVE = {"add": {"i32", "u32", "u64", "f32", "f64", "i64"}, "max": {"i32", "u32", "i64", "u64"},
           "min": {"i32", "u32", "i64", "u64"}, "xchg": {"i32", "u32", "u64", "f32", "i64", "f64"},
-          "cas": {"i32", "u32", "u64", "i64", "u16"}}
-FUNCS = {"add": "atomicAdd", "max": "atomicMax", "min": "atomicMin", "xchg": "atomicExch", "cas": "atomicCAS"}
+          "cas": {"i32", "u32", "u64", "i64", "u16"}, **dict.fromkeys(("or", "and", "xor"), {"i32", "u32", "i64", "u64"})}
+FUNCS = {"add": "atomicAdd", "max": "atomicMax", "min": "atomicMin", "xchg": "atomicExch", "cas": "atomicCAS",
+         "or": "atomicOr", "and": "atomicAnd", "xor": "atomicXor"}
+SCOPE = {"gpu": "", "cta": "_block", "sys": "_system"}  # CUDA's scoped atomics (relaxed, as PTX atom without .sem)
 
 
 def atomic_expr(op: ir.Op, ptr: str, *vals: str) -> str:
     kind = op.attrs["kind"]
     dt = op.args[0].type.dtype.elem
     t = cexpr.ctype(dt)
+    scope = op.attrs.get("scope", "gpu")
     if dt.name in ("f32", "f64") and kind in ("max", "min"):
         bits = "unsigned" if dt.name == "f32" else "unsigned long long"
-        return f"nk_atomic_minmax<{t}, {bits}>({ptr}, {vals[0]}, {'true' if kind == 'max' else 'false'})"
+        return f"nk_atomic_minmax<{t}, {bits}, {list(SCOPE).index(scope)}>({ptr}, {vals[0]}, {'true' if kind == 'max' else 'false'})"
     if dt.name not in NATIVE[kind]:
         raise NkError(f"atomic_{kind} on {dt} is not supported on the GPU", op.span)
-    if dt.name == "i64" and kind in ("add", "xchg", "cas") or dt.name == "f64" and kind == "xchg":
+    fn = FUNCS[kind] + SCOPE[scope]
+    if dt.name == "i64" and kind not in ("max", "min") or dt.name == "f64" and kind == "xchg":
         u = "unsigned long long"
         args = ", ".join(f"nk_bitcast<{u}>({v})" for v in vals)
-        return f"nk_bitcast<{t}>({FUNCS[kind]}(({u}*)({ptr}), {args}))"
-    return f"{FUNCS[kind]}({ptr}, {', '.join(vals)})"
+        return f"nk_bitcast<{t}>({fn}(({u}*)({ptr}), {args}))"
+    return f"{fn}({ptr}, {', '.join(vals)})"
+
+
+def fence(cg, op: ir.Op, sems: tuple) -> None:
+    """sem= as the PTX memory model's release and acquire patterns: a fence before, after, or both, at the scope."""
+    if op.attrs.get("sem", "relaxed") in sems + ("acq_rel",):
+        cg.emit(f'asm volatile("fence.acq_rel.{op.attrs["scope"]};" ::: "memory");')
 
 
 def atomic(cg, op: ir.Op) -> None:
+    fence(cg, op, ("release",))
+    atomic_body(cg, op)
+    fence(cg, op, ("acquire",))
+
+
+def atomic_body(cg, op: ir.Op) -> None:
     res = op.result
     t = cexpr.ctype(res.type.dtype)
     if not res.type.shape:  # one thread performs it; the old value reaches every thread through shared memory

@@ -107,13 +107,13 @@ template <class W> __device__ __forceinline__ void nk_store_if(W* p, W v, bool m
   else
     asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0; @q st.global.b8 [%0], %1; }" :: "l"(p), "h"((unsigned short)(b.u[0] & 255)), "r"((unsigned)m) : "memory");
 }
-// Floating-point atomic max/min by compare-and-swap on the bits.
-template <class T, class B> __device__ __forceinline__ T nk_atomic_minmax(T* p, T v, bool is_max) {
+// Floating-point atomic max/min by compare-and-swap on the bits, at scope S (gpu, cta, sys).
+template <class T, class B, int S> __device__ __forceinline__ T nk_atomic_minmax(T* p, T v, bool is_max) {
   B* a = (B*)p; B old = *a, assumed;
   do {
-    assumed = old; T cur = nk_bitcast<T>(assumed);
+    assumed = old; T cur = nk_bitcast<T>(assumed); B w = nk_bitcast<B>(v);
     if (is_max ? !(v > cur) : !(v < cur)) break;
-    old = atomicCAS(a, assumed, nk_bitcast<B>(v));
+    old = S == 1 ? atomicCAS_block(a, assumed, w) : S == 2 ? atomicCAS_system(a, assumed, w) : atomicCAS(a, assumed, w);
   } while (old != assumed);
   return nk_bitcast<T>(old);
 }

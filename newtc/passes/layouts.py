@@ -205,6 +205,9 @@ class Plan:
                     lay = lay if large and own < min(8, vector(lay, item)[1] * item) else self.of(val)
                 self.want[id(op)] = [lay] * 3
             return
+        if kind == "assert":  # checked where its condition is
+            self.want[id(op)] = [self.of(op.args[0]) if a is not None and a.type.shape else None for a in op.args]
+            return
         if res is None or not res.type.shape or self.free(res):
             return
         if kind in ("load", "atomic"):
@@ -221,7 +224,7 @@ class Plan:
             self.want[id(op)] = [src]
         elif kind == "dot":
             self.dot(op)
-        elif kind in ir.ELEMENTWISE:
+        elif kind in ir.ELEMENTWISE or kind == "asm":  # asm is never free: it runs once, where it is written
             mine = [a.layout for a in op.args if a is not None and a.type.shape and not self.free(a) and a.layout]
             res.layout = next((x for x in mine if x in self.heavy), mine[0] if mine else self.default(res.type))
             self.want[id(op)] = [res.layout if a is not None and a.type.shape else None for a in op.args]
