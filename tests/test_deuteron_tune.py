@@ -15,6 +15,7 @@ import torch
 
 import deuteron
 import deuteron.tune
+import newtc.jit
 from deuteron import search, store
 from deuteron.tune import Pool, Wrong, check
 from newtc.errors import NkError
@@ -269,6 +270,26 @@ def test_store_round_trip_and_damage(prog, cache):
         assert store.load(k, space) is None  # ignored: it will be tuned again and overwritten
     store.save(k, config)
     assert store.load(k, space) == config
+
+
+def test_keys_of_other_arguments_and_versions(prog, monkeypatch):
+    fn, x = prog.layernorm, torch.randn(64, 1000)
+    w, b = torch.randn(1000), torch.randn(1000)
+    k = store.key(fn, [x, w, b], {"eps": 1e-5})
+    assert k == store.key(fn, [x, w, b], {"eps": 1e-3})  # a float's value is not part of it
+    assert k["kwargs"] == {"eps": "float"} and store.arg_key(1000) == store.arg_key(1024) == ["int", 1024]
+    assert store.arg_key(1025) != store.arg_key(1024) and store.arg_key(True) == "True" != store.arg_key(False)
+    monkeypatch.setattr(newtc.jit, "VERSION", "another newt")
+    assert store.key(fn, [x, w, b], {"eps": 1e-5}) != k
+
+
+def test_an_unwritable_store_warns_and_goes_on(prog, tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("DEUTERON_CACHE_DIR", str(tmp_path / "file"))  # a file where the folder should be
+    with pytest.warns(RuntimeWarning, match="cannot store the tuned config"):
+        store.save(store.key(prog.add, [torch.randn(8)] * 2, {}), {"block_t": 8})
+    x = torch.randn(100)
+    assert prog.add.tune(x, x, effort="none") == prog.add.space(x, x).default()
 
 
 def _writer(args):
