@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import types
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 
 from .errors import Span
 
@@ -172,6 +172,24 @@ class Module:
     file: str
     source: str
     defs: list[FuncDef] = field(default_factory=list)
+
+
+# ---- walking the AST --------------------------------------------------------------------------
+def children(node):
+    """The nodes right inside `node` (a keyword argument's value too)."""
+    for f in fields(node):
+        v = getattr(node, f.name)
+        for x in v if isinstance(v, list) else [v]:
+            x = x[1] if isinstance(x, tuple) else x  # a keyword argument (name, value)
+            if is_dataclass(x) and not isinstance(x, Span):
+                yield x
+
+
+def walk(node):
+    """`node` and every node inside it, outermost first."""
+    yield node
+    for c in children(node):
+        yield from walk(c)
 
 
 # ---- the AST as JSON (the disk cache stores it so; nothing in it executes on load) ---------------
