@@ -72,14 +72,10 @@ def broadcast(*dimss) -> tuple:
     return tuple(next((d[k] for d in padded if d[k]), None) for k in range(rank))
 
 
-def names_in(node) -> set:
-    """Every name some AST mentions or binds."""
-    if isinstance(node, A.Name):
-        return {node.id}
-    if isinstance(node, (list, tuple)):  # statements, arguments; a keyword argument is a (name, value) pair
-        return set().union(*map(names_in, node))
-    out = set().union(*(names_in(getattr(node, f)) for f in getattr(node, "__dataclass_fields__", ()) if f != "span"))
-    return out | {node.name} if isinstance(node, A.Param) else out
+def names_in(nodes) -> set:
+    """Every name some AST nodes mention or bind (names, parameters, definitions)."""
+    found = (n for x in nodes for n in A.walk(x) if isinstance(n, (A.Name, A.Param, A.FuncDef)))
+    return {n.id if isinstance(n, A.Name) else n.name for n in found}
 
 
 def next_pow2(n: int) -> int:
@@ -108,7 +104,8 @@ class Lowered:
 
     def __init__(self, fn, host: dict, interp, config: dict, name: str, loop: A.For):
         self.fn, self.host, self.interp, self.config, self.name = fn, host, interp, config, name
-        self.taken, self.span, self.file = set(fn.taken), fn.defn.span, f"{fn.program.ast.file}~{name}.nk"
+        self.taken, self.span, self.short = set(fn.program.taken), fn.defn.span, Path(fn.program.ast.file).name
+        self.file = f"{self.short}~{name}.nk"  # not the folder: a program loaded by another path shares newt's caches
         self.lines, self.preamble, self.depth = [], [], 1  # (depth, text, span)
         self.params, self.consts, self.memo, self.env, self.rindex = {}, {}, {}, {}, {}  # params: name -> source
         # for the search space: each tile's bound (its next power of two, or None), the tiles of dots, the block
@@ -172,7 +169,7 @@ class Lowered:
         """The int an expression makes of the host code's values alone (a size, an axis); where it makes none,
         None, or an error saying that `what` must be one."""
         try:
-            n = None if names_in(e) & set(self.env) else self.interp.expr(e, self.host)
+            n = None if names_in([e]) & set(self.env) else self.interp.expr(e, self.host)
         except (NkError, TypeError, ValueError, AttributeError, IndexError, KeyError):
             n = None
         require(not what or isinstance(n, int), f"{what} must be an int the host code knows", e.span)
@@ -253,19 +250,16 @@ class Lowered:
         return Dim(*self.rindex[np2], None if n == np2 else bound, None, np2)
 
     def finish(self, grid: int, loop: A.For) -> None:
-        module, fn = self.fn.program.ast, self.fn.defn
-        file, short = module.file, Path(module.file).name
-        tensors_first = sorted(self.params, key=lambda n: not isinstance(self.host.get(n), torch.Tensor))
-        self.params = {n: self.params[n] for n in tensors_first}
+        module, fn, defs, short = self.fn.program.ast, self.fn.defn, self.fn.program.defs, self.short
+        self.params = dict(sorted(self.params.items(), key=lambda p: not isinstance(self.host.get(p[0]), torch.Tensor)))
         config = json.dumps(self.config, default=str)
         out = [(f"# deuteron: tile {fn.name} ({short}:{fn.span.line}), config {config}", None)]  # (text, Span)
-        defs = {d.name: d for d in module.defs if d.kind == "def"}
         used = names_in(loop.body) & set(defs)
         while more := {m for n in used for m in names_in(defs[n].body) if m in defs} - used:  # helpers' helpers
             used |= more
         src = module.source.splitlines()
         for d in (d for d in defs.values() if d.name in used):  # as written
-            out += [(src[k - 1], Span(file, k, 1)) for k in range(d.span.line, d.span.end_line + 1)] + [("", None)]
+            out += [(src[k - 1], Span(module.file, k, 1)) for k in range(d.span.line, d.span.end_line + 1)] + [("", None)]
         out.append((f"kernel {self.name}({', '.join([*self.params, *(f'{n}: constexpr' for n in self.consts)])}):", self.span))
         out += [(f"{'    ' * depth}{text}  # {short}:{span.line}", span) for depth, text, span in self.preamble + self.lines]
         self.meta = {**self.consts, "num_warps": self.config.get("num_warps", 4), "num_stages": self.config.get("num_stages", 1)}

@@ -89,7 +89,8 @@ def _candidates() -> tuple[list[Path], list[str]]:
     if os.environ.get("CUDA_HOME"):
         dirs += [Path(os.environ["CUDA_HOME"]) / "lib64", Path(os.environ["CUDA_HOME"]) / "lib"]
     dirs.append(Path("/usr/local/cuda/lib64"))
-    names = [n for n in (ctypes.util.find_library("nvrtc"),) if n]
+    found = any(next(d.glob("libnvrtc.so*"), None) for d in dirs)  # find_library runs ldconfig and gcc: ~10 ms
+    names = [] if found else [n for n in (ctypes.util.find_library("nvrtc"),) if n]
     return dirs, names + ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
 
 
