@@ -7,21 +7,19 @@ runs here with each tile a whole slice and each `grid(n)` index a Python loop: t
 from __future__ import annotations
 
 import itertools
-import math
 import operator
 from typing import NamedTuple
 
 import torch
 
 from newtc import ast as A
-from newtc.check import fold, is_constexpr_annot
+from newtc.check import CONSTANTS, MATH, REDUCTIONS, fold, is_constexpr_annot
 from newtc.errors import NkError
 from newtc.types import DTYPES
 
 TORCH = {"bool": torch.bool, "i8": torch.int8, "i16": torch.int16, "i32": torch.int32, "i64": torch.int64,
          "u8": torch.uint8, "f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
 DTYPE_OF = {t: DTYPES[n] for n, t in TORCH.items()}
-CONSTANTS = {"inf": math.inf, "nan": math.nan, **DTYPES}
 ATOMICS = {"atomic_add": torch.add, "atomic_max": torch.maximum, "atomic_min": torch.minimum}
 
 
@@ -292,8 +290,7 @@ OPS = {**{op: getattr(operator, name) for op, name in [
 UNARY = {"-": operator.neg, "+": operator.pos, "~": operator.invert,
          "not": lambda v: torch.logical_not(v) if isinstance(v, torch.Tensor) else not v}
 BUILTINS = {
-    **{n: _math(n) for n in "exp exp2 log log2 sqrt rsqrt sin cos tanh sigmoid erf floor ceil abs".split()},
-    **{n: _reduce(n) for n in ("sum", "max", "min", "argmax", "argmin")},
+    **{n: _math(n) for n in [*MATH, "abs"]}, **{n: _reduce(n) for n in REDUCTIONS},
     "dot": _dot, "empty": _empty, "full": _full, "static_assert": _static_assert, "print": lambda it, *v: print(*v),
     "zeros": lambda it, shape, dtype=DTYPES["f32"]: _full(it, shape, 0, dtype),
     "empty_like": lambda it, x: _empty(it, x.shape, DTYPE_OF[x.dtype]),

@@ -66,6 +66,12 @@ def mask(dims: tuple, axes=None) -> str | None:
     return terms[0] if len(terms) == 1 else " & ".join(f"({t})" for t in terms) or None
 
 
+def padded(v: E, axes, fill: str) -> str:
+    """v's text with `fill` in its padding lanes along `axes`: a reduction's identity, a dot's 0."""
+    m = mask(v.dims, axes)
+    return f"where({m}, {v.text}, {fill})" if m else v.text
+
+
 def broadcast(*dimss) -> tuple:
     rank = max(map(len, dimss), default=0)
     padded = [(None,) * (rank - len(d)) + tuple(d) for d in dimss]
@@ -433,10 +439,7 @@ class Lowered:
         """a @ b, accumulating into acc where there is one; the nodes of a, b and acc."""
         a, b = self.expr(an), self.expr(bn)
         require(len(a.dims) == len(b.dims) == 2, "`@` multiplies two 2-D tiles", span)
-        texts = []
-        for v, k in ((a, 1), (b, 0)):  # K is a's axis 1 and b's axis 0
-            m = None if v.zero else mask(v.dims, [k])
-            texts.append(f"where({m}, {v.text}, 0)" if m else v.text)
+        texts = [v.text if v.zero else padded(v, [k], "0") for v, k in ((a, 1), (b, 0))]  # K: a's axis 1, b's axis 0
         self.dot_tiles |= {d.var for d in (a.dims[0], a.dims[1], b.dims[1]) if d and d.var}
         return E(f"dot({', '.join(texts + ([self.expr(acc).text] if acc else []))})", (a.dims[0], b.dims[1]))
 
@@ -466,8 +469,7 @@ class Lowered:
         axis = None if node is None or is_none(node) else self.known(node, "an axis")
         keep = "keep_dims" in kw and bool(self.known(kw["keep_dims"]))
         axes = range(len(x.dims)) if axis is None else [axis % len(x.dims)]
-        m = mask(x.dims, axes)
-        args = [f"where({m}, {x.text}, {IDENTITY[f]})" if m else x.text]
+        args = [padded(x, axes, IDENTITY[f])]
         args += ([f"axis={axis}"] if axis is not None else []) + (["keep_dims=True"] if keep else [])
         return E(f"{f}({', '.join(args)})", tuple(None if a in axes else d for a, d in enumerate(x.dims) if keep or a not in axes))
 
