@@ -147,20 +147,18 @@ class Lowered:
     def fresh(self, base: str, key=None) -> str:
         """A name no one uses (base, base2, base3, ...), the same one for the same key."""
         if key is None or key not in self.memo:
-            candidates = itertools.chain([base], (f"{base}{i}" for i in itertools.count(2)))
-            self.memo[key] = next(n for n in candidates if n not in self.taken)
+            self.memo[key] = next(n for n in (f"{base}{i}" if i > 1 else base for i in itertools.count(1)) if n not in self.taken)
             self.taken.add(self.memo[key])
         return self.memo[key]
 
-    def param(self, base: str, source) -> str:
-        name = self.fresh(base, source)
-        self.params[name] = source
+    def declare(self, table: dict, base: str, value, key) -> str:
+        """A fresh name for `key`, bound to `value` in params (name -> source) or consts (name -> value)."""
+        table[name := self.fresh(base, key)] = value
         return name
 
-    def const(self, base: str, value, key) -> str:
-        name = self.fresh(base, key)
-        self.consts[name] = value
-        return name
+    def size(self, x: str, d: int, what: str = "size") -> str:
+        """The kernel parameter of tensor x's size (or stride) along dimension d."""
+        return self.declare(self.params, f"{x}_{what}{d}", (what, x, d), (what, x, d))
 
     def line(self, text: str) -> None:
         self.lines.append((self.depth, text, self.span))
@@ -206,7 +204,7 @@ class Lowered:
         if group > 1:  # the last two dimensions as one, walked in groups of rows
             inner = pid if len(dims) == 2 else self.fresh("inner")
             self.unflatten(pid, pids[:-2] + [inner], counts[:-2] + [f"({counts[-2]} * {counts[-1]})"])
-            self.grouped(inner, pids[-2:], counts[-2:], self.const("GROUP", group, "GROUP"))
+            self.grouped(inner, pids[-2:], counts[-2:], self.declare(self.consts, "GROUP", group, "GROUP"))
         else:
             self.unflatten(pid, pids, counts)
         for (v, bound, d), p in zip(dims, pids):
@@ -238,7 +236,7 @@ class Lowered:
         """A tile loop's block; it is not masked where the host code's sizes show that the block divides the bound."""
         size, n = self.config.get(f"block_{name}", 1), self.known(node)
         self.tiles[name] = None if n is None else next_pow2(n)
-        block = self.const(f"BLOCK_{name.upper()}", size, ("block", name))
+        block = self.declare(self.consts, f"BLOCK_{name.upper()}", size, ("block", name))
         return Dim(name, block, None if n is not None and n % size == 0 else bound.text, name, size)
 
     def enter(self, name: str, dim: Dim, begin: E, bound: str) -> None:
@@ -251,15 +249,14 @@ class Lowered:
         np2 = next_pow2(n)
         if np2 not in self.rindex:
             index = self.fresh(f"r{len(self.rindex)}")
-            self.rindex[np2] = index, self.const(index.upper(), np2, ("R", np2))
+            self.rindex[np2] = index, self.declare(self.consts, index.upper(), np2, ("R", np2))
             self.preamble.append((1, f"{index} = arange(0, {self.rindex[np2][1]})", self.span))
         return Dim(*self.rindex[np2], None if n == np2 else bound, None, np2)
 
     def finish(self, grid: int, loop: A.For) -> None:
         module, fn, defs, short = self.fn.program.ast, self.fn.defn, self.fn.program.defs, self.short
         self.params = dict(sorted(self.params.items(), key=lambda p: not isinstance(self.host.get(p[0]), torch.Tensor)))
-        config = json.dumps(self.config, default=str)
-        out = [(f"# deuteron: tile {fn.name} ({short}:{fn.span.line}), config {config}", None)]  # (text, Span)
+        out = [(f"# deuteron: tile {fn.name} ({short}:{fn.span.line}), config {json.dumps(self.config, default=str)}", None)]
         used = names_in(loop.body) & set(defs)
         while more := {m for n in used for m in names_in(defs[n].body) if m in defs} - used:  # helpers' helpers
             used |= more
@@ -387,7 +384,7 @@ class Lowered:
         base = e.value
         if isinstance(base, A.Attribute) and base.attr == "shape" and (t := self.tensor(base.value)) is not None:
             d = self.known(e.index[0], "a dimension") % t.dim()
-            return E(self.param(f"{base.value.id}_size{d}", ("size", base.value.id, d)))
+            return E(self.size(base.value.id, d))
         if self.tensor(e.value) is not None:
             ptr, m, dims = self.place(e)
             return E(f"load({ptr}{f', mask={m}, other=0' if m else ''})", dims, zero=True)
@@ -412,7 +409,7 @@ class Lowered:
             require(d < t.dim(), f"too many indices for a tensor of rank {t.dim()}", e.span)
             require(is_whole(item) or not isinstance(item, A.Slice), "a tensor takes `:` (a whole dimension), not a range", item.span)
             if is_whole(item) or isinstance(v, TileVar):
-                dims.append(self.whole(self.param(f"{x}_size{d}", ("size", x, d)), t.shape[d]) if is_whole(item) else v.dim)
+                dims.append(self.whole(self.size(x, d), t.shape[d]) if is_whole(item) else v.dim)
                 offsets.append(len(dims) - 1)
             else:
                 offsets.append(self.scalar(item))
@@ -420,8 +417,7 @@ class Lowered:
         parts = [x]
         for d, i in enumerate(offsets):
             idx = par(E(dims[i].index + bc(i, len(dims))) if isinstance(i, int) else i, PREC["*"])
-            unit = t.stride(d) == 1  # a known unit stride: the offsets are seen to be contiguous
-            parts.append(idx if unit else f"{idx} * {self.param(f'{x}_stride{d}', ('stride', x, d))}")
+            parts.append(idx if t.stride(d) == 1 else f"{idx} * {self.size(x, d, 'stride')}")  # unit: seen contiguous
         self.params[x] = ("value", x)
         return " + ".join(parts), mask(tuple(dims)), tuple(dims)
 
@@ -482,6 +478,5 @@ class Lowered:
     def shape_dim(self, item) -> Dim:
         """A dimension of the block zeros() or full() makes: a tile, or a whole size the host knows (x.shape[i], 16)."""
         v = self.env.get(item.id) if isinstance(item, A.Name) else None
-        if isinstance(v, TileVar):
-            return v.dim
-        return self.whole(self.scalar(item).text, self.known(item, "a tile shape's entry (a tile, or a size)"))
+        return v.dim if isinstance(v, TileVar) else \
+            self.whole(self.scalar(item).text, self.known(item, "a tile shape's entry (a tile, or a size)"))

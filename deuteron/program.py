@@ -71,8 +71,8 @@ class Program:
 class TileFunction:
     def __init__(self, program: Program, d: A.FuncDef):
         self.program, self.defn, self.name = program, d, d.name
-        self.constexprs = {p.name for p in d.params if lang.is_tunable(p) or lang.is_constexpr_annot(p.annotation)}
         self.tunables = lang.Interp(program.defs, None).tunables(d)
+        self.constexprs = {p.name for p in d.params if lang.is_constexpr_annot(p.annotation)} | set(self.tunables)
         lines = program.ast.source.splitlines()  # a stored config is valid for this text and the file's helpers
         self.hash = cache.key(*("\n".join(lines[x.span.line - 1:x.span.end_line]) for x in [d, *program.defs.values()]))[:16]
         self.lowered, self.kernels, self.chosen, self.pinned, self.tuned = {}, {}, {}, None, {}

@@ -42,7 +42,7 @@ class Space:
                 self.choices[name], defaults[name] = options, default
         for name, options in tunables.items():
             self.choices[name], defaults[name] = list(options), options[0]
-        self.defaults = self.shrink({k: defaults[k] for k in self.choices})
+        self.defaults = self.shrink(defaults)
 
     def elements(self, config: dict, shape: tuple) -> int:
         return math.prod(config.get(f"block_{d}", 1) if isinstance(d, str) else d for d in shape)

@@ -11,6 +11,7 @@ import statistics
 import sys
 import threading
 import time
+from importlib.machinery import ModuleSpec
 from multiprocessing.pool import ThreadPool
 
 import torch
@@ -126,15 +127,12 @@ class Pool:
         conn, child = self.ctx.Pipe()
         proc = self.ctx.Process(target=self.target, args=(child, device, self.setup), daemon=True)
         main = sys.modules["__main__"]
-        with _hide_main:  # spawn would run the caller's script again in the child (as __mp_main__)
-            saved = main.__dict__.pop("__file__", None), getattr(main, "__spec__", None)
-            main.__spec__ = None
+        with _hide_main:  # spawn runs the caller's script again in the child, unless it is a package's __main__
+            spec, main.__spec__ = getattr(main, "__spec__", None), ModuleSpec("__main__", None)
             try:
                 proc.start()
             finally:
-                main.__spec__ = saved[1]
-                if saved[0] is not None:
-                    main.__file__ = saved[0]
+                main.__spec__ = spec
         child.close()
         self.started += 1
         kind, reason = conn.recv() if conn.poll(START) else ("error", "no answer")
