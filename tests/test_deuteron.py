@@ -1,6 +1,8 @@
 """deuteron on the CPU: each example tile program lowered for several configs, checked and compiled by NVRTC
 (sm_80 and sm_90a), run in newt's interpreter against the eager oracle; the oracle against torch; errors at
 the tile program's lines; the API and the `deuteron` command."""
+import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -8,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import deuteron
+import newtc.ops
 from deuteron.cli import main
 from newtc.errors import NkError
 
@@ -169,6 +172,30 @@ tile total(x):
 """, "total.nk").total
     v = rand(1000)
     close(total(v, config=dict(block_t=64)), v.sum().reshape(1), v.dtype)
+
+
+# The instruction families of a generated kernel's body: tensor core ops, the cp.async ring, the epilogue's stores.
+INSTRUCTIONS = r"wgmma\.[\w.]+|cp\.async\.[\w.]+(?: \d)?|nk_cp_async<\d+>|nk_pack<\w+, \d+>|nk_store_if|nk_desc|__syncthreads"
+
+
+def test_the_stdlib_matmul_config_lowers_to_the_stdlib_kernels_instructions(prog):
+    """For the config newtc.ops.matmul picks at 4096^3 f16 on sm_90a, the tile program's kernel has the stdlib
+    kernel's instruction mix: the same wgmma tiles, cp.async ring, waits and vector stores (its masks dropped)."""
+    n = 4096
+    x = torch.empty(n, n, dtype=torch.float16, device="meta")
+    cfg = newtc.ops._matmul_config(n, n, n, 2, "sm_90a")
+    config = dict(block_tm=cfg["BM"], block_tn=cfg["BN"], block_tk=cfg["BK"], num_warps=cfg["num_warps"],
+                  num_stages=cfg["num_stages"], persistent=False, group=8)
+    assert prog.matmul.space(x, x).contains(config)
+    (launch,) = prog.matmul.plan((x, x), {}, config)[1]
+    ours = launch.stage("cuda")
+    stdlib = newtc.ops._stdlib("matmul").matmul.output((x, x, x, n, n, n, n, 1, n, 1, n, 1),
+                                                         dict(GROUP_M=8, ACTIVATION="none", **cfg), "cuda", "sm_90a").cuda.source
+
+    def mix(src):
+        return Counter(re.findall(INSTRUCTIONS, src[src.index("__global__"):]))
+    assert mix(ours) == mix(stdlib) and mix(ours)["wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16"]
+    assert "mask=" not in launch.low.text
 
 
 BAD = """\

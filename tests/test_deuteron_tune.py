@@ -76,6 +76,27 @@ def test_pattern_search_walks_to_the_optimum(prog):
     assert all(ms == float("inf") for c, ms in tried.values() if c["num_warps"] == 16)
 
 
+def test_a_move_to_bigger_tiles_takes_the_warps_they_need(prog):
+    """A fake GPU where bigger dot tiles are faster up to 128x256, but only with 128 accumulator elements per
+    thread (fewer: idle warps, +30%): 128x256 needs 8 warps, and 8 warps alone slow 128x128 down. The walk
+    crosses that wall in one move (the tile and its warps) and reaches the optimum from the default."""
+    space = prog.matmul.space(torch.randn(4096, 4096), torch.randn(4096, 4096))
+    target = dict(block_tm=128, block_tn=256, block_tk=64, num_warps=8, num_stages=4, persistent=False, group=8)
+
+    def ms(c):
+        area = c["block_tm"] * c["block_tn"]
+        idle = 0.3 if area < 128 * 32 * c["num_warps"] else 0.0
+        rest = 0.03 * (abs(c["block_tk"].bit_length() - 7) + 4 - c["num_stages"] + c["persistent"] + (c["group"] != 8)
+                       + (c["block_tm"] > c["block_tn"]))  # wgmma's N reaches 256, its M is 64 a warpgroup
+        return 1e6 / min(area, 32768) * (1 + idle + rest) * (2 if area > 32768 else 1)
+
+    wall = {**target, "block_tn": 128, "num_warps": 4}  # the best config short of the wall
+    assert not space.valid({**target, "num_warps": 4}) and ms({**wall, "num_warps": 8}) > ms(wall)
+    best, tried = search.search(space, lambda configs, retime=False: [ms(c) for c in configs], "quick", budget=60)
+    assert best == target
+    assert target in space.neighbours(wall)  # one move away
+
+
 def test_search_stops_at_the_budget(prog):
     space = prog.softmax.space(torch.randn(64, 128))
     measure, calls = fake_timer(space, {"block_tm": 1, "num_warps": 1})
