@@ -138,6 +138,17 @@ def warm_rows(n: int) -> list:
     return rows
 
 
+def launches(fn, args, config):
+    """The call's kernels alone, as the tuner times them: no host code, no lookups of the config or the lowering."""
+    result, plan = fn.plan(args, {}, config)
+
+    def run():
+        for launch in plan:
+            launch()
+        return result
+    return run
+
+
 def best(times):
     ok = [t for t in times if not isinstance(t, str)]
     return min(ok) if ok else times[0]
@@ -168,6 +179,7 @@ def run(quick=False):
         except Exception as e:
             config, tune_s, tried = None, failure(e), "-"
         ms = {"deuteron": measure(lambda: fn(*args), check, quick) if config else tune_s,
+              "deuteron kernels": measure(launches(fn, args, config), check, quick) if config else "-",
               "stdlib": measure(lambda: stdlib(*args), check, quick)}
         triton_s = "-"
         if isinstance(triton, str):
@@ -186,12 +198,13 @@ def run(quick=False):
         if op == "matmul" and config and not warm:
             warm = warm_rows(int(shape.split("^")[0]))
         rows.append({"kernel": kernel, "shape": shape, "unit": unit, "deuteron": rate["deuteron"],
-                     "stdlib": rate["stdlib"], "Triton": rate["Triton"],
+                     "deuteron kernels": rate["deuteron kernels"], "stdlib": rate["stdlib"], "Triton": rate["Triton"],
                      "deuteron/stdlib": ratio(ms["stdlib"], ms["deuteron"]),
                      "deuteron/Triton": ratio(ms["Triton"], ms["deuteron"]),
                      "tune s": tune_s, "configs tried": tried,
                      "Triton tune s": triton_s, "config": config or "-"})
-    note = (f"Speeds from the median time of a whole call (allocation included); ratios above 1: deuteron faster. "
+    note = (f"Speeds from the median time of a whole call (allocation included; deuteron kernels: its launches "
+            f"alone, as the tuner times them, without the host code); ratios above 1: deuteron faster. "
             f"deuteron: effort quick from an empty config store (tune s = the session's wall time, compiles "
             f"included); Triton matmul: the tutorial's kernel autotuned over {len(triton_configs or [])} configs "
             f"(Triton tune s = its first calls, compiles included); softmax/layernorm: best of num_warps 4/8/16.")
