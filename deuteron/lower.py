@@ -147,7 +147,8 @@ class Lowered:
     def fresh(self, base: str, key=None) -> str:
         """A name no one uses (base, base2, base3, ...), the same one for the same key."""
         if key is None or key not in self.memo:
-            self.memo[key] = next(n for n in (f"{base}{i}" if i > 1 else base for i in itertools.count(1)) if n not in self.taken)
+            names = (f"{base}{i}" if i > 1 else base for i in itertools.count(1))
+            self.memo[key] = next(n for n in names if n not in self.taken)
             self.taken.add(self.memo[key])
         return self.memo[key]
 
@@ -301,10 +302,9 @@ class Lowered:
 
     def s_AugAssign(self, s):
         require(isinstance(s.target, A.Name), "only names take augmented assignment in a tile loop", s.span)
-        v = s.value
-        if s.op == "+" and isinstance(v, A.BinOp) and v.op == "@":  # accumulate in the dot itself
-            return self.line(f"{s.target.id} = {self.dot(v.left, v.right, s.target, v.span).text}")
-        self.line(f"{self.expr(s.target).text} {s.op}= {self.expr(v).text}")
+        if s.op == "+" and isinstance(s.value, A.BinOp) and s.value.op == "@":  # accumulate in the dot itself
+            return self.line(f"{s.target.id} = {self.dot(s.value.left, s.value.right, s.target, s.value.span).text}")
+        self.line(f"{self.expr(s.target).text} {s.op}= {self.expr(s.value).text}")
 
     def s_If(self, s):
         self.line(f"if {self.expr(s.cond).text}:")
