@@ -371,6 +371,7 @@ x, y = torch.load({args!r})
 fn = deuteron.load({tiles!r}).matmul
 launch, = fn.plan([x, y], {{}}, store.load(store.key(fn, [x, y], {{}}), fn.space(x, y)))[1]
 launch.low.kernel.binary(launch.args, launch.low.meta, "sm_90a")
+assert newtc.nvrtc._lib is None, "a warm process loaded NVRTC"
 print("warm")
 """
 
