@@ -16,7 +16,7 @@ import torch
 from newtc import ast as A
 from newtc import cache
 from newtc.cli import stage_text
-from newtc.errors import NkError, flag
+from newtc.errors import flag
 from newtc.syntax import parse_cached as parsed
 
 from . import lang, lower, search, store
