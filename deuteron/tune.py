@@ -13,6 +13,7 @@ import threading
 import time
 from importlib.machinery import ModuleSpec
 from multiprocessing.pool import ThreadPool
+from unittest import mock
 
 import torch
 
@@ -126,13 +127,9 @@ class Pool:
     def start(self, device):
         conn, child = self.ctx.Pipe()
         proc = self.ctx.Process(target=self.target, args=(child, device, self.setup), daemon=True)
-        main = sys.modules["__main__"]
-        with _hide_main:  # spawn runs the caller's script again in the child, unless it is a package's __main__
-            spec, main.__spec__ = getattr(main, "__spec__", None), ModuleSpec("__main__", None)
-            try:
-                proc.start()
-            finally:
-                main.__spec__ = spec
+        # spawn would run the caller's script again in the child (as __mp_main__), but not a package's __main__
+        with _hide_main, mock.patch.object(sys.modules["__main__"], "__spec__", ModuleSpec("__main__", None)):
+            proc.start()
         child.close()
         self.started += 1
         kind, reason = conn.recv() if conn.poll(START) else ("error", "no answer")
