@@ -73,9 +73,9 @@ def padded(v: E, axes, fill: str) -> str:
 
 
 def broadcast(*dimss) -> tuple:
-    rank = max(map(len, dimss), default=0)
-    padded = [(None,) * (rank - len(d)) + tuple(d) for d in dimss]
-    return tuple(next((d[k] for d in padded if d[k]), None) for k in range(rank))
+    """The dims of operands broadcast together, aligned at the right: per axis, the first that is not 1 (None)."""
+    columns = itertools.zip_longest(*(reversed(d) for d in dimss))
+    return tuple(reversed([next(filter(None, column), None) for column in columns]))
 
 
 def names_in(nodes) -> set:
