@@ -23,12 +23,7 @@ DTYPE_OF = {t: DTYPES[n] for n, t in TORCH.items()}
 ATOMICS = {"atomic_add": torch.add, "atomic_max": torch.maximum, "atomic_min": torch.minimum}
 
 
-class Tile(NamedTuple):
-    """A tile of the oracle: the whole range [0, size)."""
-    begin: int
-    end: int
-    size: int
-    index: torch.Tensor
+Tile = NamedTuple("Tile", [("begin", int), ("end", int), ("size", int), ("index", torch.Tensor)])  # the oracle's: [0, size)
 
 
 class _Return(Exception):
@@ -41,14 +36,14 @@ def require(ok, message: str, span) -> None:
         raise NkError(message, span)
 
 
-def is_call(e, name: str) -> bool:
-    """`name(...)`."""
-    return isinstance(e, A.Call) and isinstance(e.func, A.Name) and e.func.id == name
+def callee(e) -> str | None:
+    """The name that a call `name(...)` calls; None for anything else."""
+    return e.func.id if isinstance(e, A.Call) and isinstance(e.func, A.Name) else None
 
 
 def header(s: A.For) -> tuple:
     """A loop's kind (tiles, range or static_range) and its names: one per dimension of tiles(...), else one."""
-    kind = s.iter.func.id if isinstance(s.iter, A.Call) and isinstance(s.iter.func, A.Name) else None
+    kind = callee(s.iter)
     names = [t.id for t in (s.target.items if isinstance(s.target, A.TupleExpr) else [s.target])]
     require(kind in ("tiles", "range", "static_range") and len(names) == (len(s.iter.args) if kind == "tiles" else 1),
             "a loop goes over tiles(...) with a name per dimension, or over range(...)", s.iter.span)

@@ -21,7 +21,7 @@ from newtc import ast as A
 from newtc.errors import NkError, Span
 from newtc.types import DType
 
-from .lang import DTYPE_OF, header, is_call, require
+from .lang import DTYPE_OF, callee, header, require
 
 PREC = {"or": 1, "and": 2, "|": 5, "^": 6, "&": 7, "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "//": 10,
         "%": 10, "@": 10, **dict.fromkeys(["<", "<=", ">", ">=", "==", "!="], 4)}
@@ -44,10 +44,7 @@ class E(NamedTuple):
     zero: bool = False  # its padding lanes hold 0: a fresh load, converted or not
 
 
-class TileVar(NamedTuple):
-    dim: Dim
-    begin: E
-    bound: str
+TileVar = NamedTuple("TileVar", [("dim", Dim), ("begin", E), ("bound", str)])  # a tile variable of the kernel
 
 
 def par(e: E, prec: int) -> str:
@@ -185,7 +182,7 @@ class Lowered:
         self.span, dims, counts, grid = loop.span, [], [], 1  # dims: (variable, bound, Dim or None for grid(n))
         persistent, several = bool(self.config.get("persistent")), len(loop.iter.args) > 1
         for name, arg in zip(header(loop)[1], loop.iter.args):
-            node = arg.args[0] if is_call(arg, "grid") else arg
+            node = arg.args[0] if callee(arg) == "grid" else arg
             bound, n = self.scalar(node), self.known(node, "a grid's size")
             d = self.tile(name, arg, bound) if node is arg else None
             dims.append((name, bound.text, d))
@@ -440,7 +437,7 @@ class Lowered:
         return E(f"dot({', '.join(texts + ([self.expr(acc).text] if acc else []))})", (a.dims[0], b.dims[1]))
 
     def e_Call(self, e):
-        f = e.func.id if isinstance(e.func, A.Name) else None
+        f = callee(e)
         kw = dict(e.kwargs)
         if f in IDENTITY:
             return self.reduce(f, e, kw)
