@@ -110,8 +110,7 @@ class Interp:
         raise _Return(None if s.value is None else self.expr(s.value, env))
 
     def s_Assign(self, s, env):
-        value = self.expr(s.value, env)
-        values = [value] if len(s.targets) == 1 else value
+        values = [self.expr(s.value, env)] if len(s.targets) == 1 else self.expr(s.value, env)  # several: unpacked
         require(isinstance(values, (list, tuple)) and len(values) == len(s.targets),
                 f"cannot unpack into {len(s.targets)} names", s.span)
         for t, v in zip(s.targets, values):
