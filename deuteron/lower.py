@@ -380,8 +380,7 @@ class Lowered:
     def e_Subscript(self, e):
         base = e.value
         if isinstance(base, A.Attribute) and base.attr == "shape" and (t := self.tensor(base.value)) is not None:
-            d = self.known(e.index[0], "a dimension") % t.dim()
-            return E(self.size(base.value.id, d))
+            return E(self.size(base.value.id, self.known(e.index[0], "a dimension") % t.dim()))
         if self.tensor(e.value) is not None:
             ptr, m, dims = self.place(e)
             return E(f"load({ptr}{f', mask={m}, other=0' if m else ''})", dims, zero=True)
