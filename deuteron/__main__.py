@@ -1,6 +1,4 @@
 """`python -m deuteron`: the deuteron command."""
-import sys
-
 from .cli import main
 
-sys.exit(main())
+raise SystemExit(main())

@@ -62,8 +62,7 @@ def main(argv=None) -> int:
         fn = fns.get(args.kernel or (next(iter(fns)) if len(fns) == 1 else None))
         if fn is None:
             raise NkError(f"pick a tile program of {args.file} with -k", None, f"tile programs: {', '.join(fns) or 'none'}")
-        config = {**fn.space(**kwargs).default(), **config}
-        plan = fn.plan((), kwargs, config)[1]
+        plan = fn.plan((), kwargs, {**fn.space(**kwargs).default(), **config})[1]  # what --config leaves out: the default's
         texts = [launch.low.text if args.emit == "nk" else launch.stage(args.emit, args.arch) for launch in plan]
         print("\n".join(texts).rstrip("\n"))
         return 0

@@ -7,30 +7,23 @@ runs here with each tile a whole slice and each `grid(n)` index a Python loop: t
 from __future__ import annotations
 
 import itertools
-import math
 import operator
 from typing import NamedTuple
 
 import torch
 
 from newtc import ast as A
-from newtc.check import fold, is_constexpr_annot
+from newtc.check import CONSTANTS, MATH, REDUCTIONS, fold, is_constexpr_annot
 from newtc.errors import NkError
 from newtc.types import DTYPES
 
 TORCH = {"bool": torch.bool, "i8": torch.int8, "i16": torch.int16, "i32": torch.int32, "i64": torch.int64,
          "u8": torch.uint8, "f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
 DTYPE_OF = {t: DTYPES[n] for n, t in TORCH.items()}
-CONSTANTS = {"inf": math.inf, "nan": math.nan, **DTYPES}
 ATOMICS = {"atomic_add": torch.add, "atomic_max": torch.maximum, "atomic_min": torch.minimum}
 
 
-class Tile(NamedTuple):
-    """A tile of the oracle: the whole range [0, size)."""
-    begin: int
-    end: int
-    size: int
-    index: torch.Tensor
+Tile = NamedTuple("Tile", [("begin", int), ("end", int), ("size", int), ("index", torch.Tensor)])  # the oracle's: [0, size)
 
 
 class _Return(Exception):
@@ -43,26 +36,18 @@ def require(ok, message: str, span) -> None:
         raise NkError(message, span)
 
 
-def is_call(e, name: str) -> bool:
-    """`name(...)`."""
-    return isinstance(e, A.Call) and isinstance(e.func, A.Name) and e.func.id == name
+def callee(e) -> str | None:
+    """The name that a call `name(...)` calls; None for anything else."""
+    return e.func.id if isinstance(e, A.Call) and isinstance(e.func, A.Name) else None
 
 
 def header(s: A.For) -> tuple:
     """A loop's kind (tiles, range or static_range) and its names: one per dimension of tiles(...), else one."""
-    kind = s.iter.func.id if isinstance(s.iter, A.Call) and isinstance(s.iter.func, A.Name) else None
+    kind = callee(s.iter)
     names = [t.id for t in (s.target.items if isinstance(s.target, A.TupleExpr) else [s.target])]
     require(kind in ("tiles", "range", "static_range") and len(names) == (len(s.iter.args) if kind == "tiles" else 1),
             "a loop goes over tiles(...) with a name per dimension, or over range(...)", s.iter.span)
     return kind, names
-
-
-def is_tunable(p: A.Param) -> bool:
-    return isinstance(p.annotation, A.Name) and p.annotation.id == "tunable"
-
-
-def tensor(x, device):
-    return x if isinstance(x, torch.Tensor) else torch.tensor(x, device=device)
 
 
 def device_of(args, kwargs) -> torch.device:
@@ -89,7 +74,7 @@ class Interp:
     def tunables(self, d: A.FuncDef) -> dict:
         """Each tunable parameter's choices; the oracle and the default config take the first."""
         out = {}
-        for p in filter(is_tunable, d.params):
+        for p in (p for p in d.params if isinstance(p.annotation, A.Name) and p.annotation.id == "tunable"):
             out[p.name] = self.expr(p.default, {}) if p.default else None
             require(isinstance(out[p.name], list) and out[p.name],
                     f"tunable '{p.name}' needs a list of choices: {p.name}: tunable = [1, 2]", p.span)
@@ -125,8 +110,7 @@ class Interp:
         raise _Return(None if s.value is None else self.expr(s.value, env))
 
     def s_Assign(self, s, env):
-        value = self.expr(s.value, env)
-        values = [value] if len(s.targets) == 1 else value
+        values = [self.expr(s.value, env)] if len(s.targets) == 1 else self.expr(s.value, env)  # several: unpacked
         require(isinstance(values, (list, tuple)) and len(values) == len(s.targets),
                 f"cannot unpack into {len(s.targets)} names", s.span)
         for t, v in zip(s.targets, values):
@@ -174,20 +158,17 @@ class Interp:
     e_TupleExpr = e_ListExpr
 
     def e_Name(self, e, env):
-        for scope in (env, CONSTANTS):
-            if e.id in scope:
-                return scope[e.id]
-        if e.id in BUILTINS or e.id in ATOMICS or e.id in self.defs:
-            return e.id
-        raise NkError(f"unknown name '{e.id}'", e.span)
+        if e.id in env:
+            return env[e.id]
+        require(any(e.id in names for names in (CONSTANTS, BUILTINS, ATOMICS, self.defs)), f"unknown name '{e.id}'", e.span)
+        return CONSTANTS.get(e.id, e.id)  # a function is its name
 
     def e_Attribute(self, e, env):
         v = self.expr(e.value, env)
         if isinstance(v, torch.Tensor) and e.attr in ("shape", "dtype"):
             return tuple(v.shape) if e.attr == "shape" else DTYPE_OF[v.dtype]
-        if isinstance(v, Tile) and e.attr in ("begin", "end", "size", "index"):
-            return getattr(v, e.attr)
-        raise NkError(f"no attribute '{e.attr}' here", e.span)
+        require(isinstance(v, Tile) and e.attr in Tile._fields, f"no attribute '{e.attr}' here", e.span)
+        return getattr(v, e.attr)
 
     def e_Subscript(self, e, env):
         v = self.expr(e.value, env)
@@ -198,15 +179,12 @@ class Interp:
 
     def place(self, e: A.Subscript, env):
         """The tensor and torch index of `x[tm, :, i, None]`: a tile is its slice."""
-        t, index = self.expr(e.value, env), []
+        t = self.expr(e.value, env)
         require(isinstance(t, torch.Tensor), "only tensors take tile subscripts", e.span)
-        for item in e.index:
-            if isinstance(item, A.Slice):
-                index.append(slice(*(None if x is None else self.expr(x, env) for x in (item.lower, item.upper, item.step))))
-            else:
-                v = self.expr(item, env)
-                index.append(slice(v.begin, v.end) if isinstance(v, Tile) else v)
-        return t, tuple(index)
+        return t, tuple(slice(v.begin, v.end) if isinstance(v, Tile) else v for v in (self.expr(i, env) for i in e.index))
+
+    def e_Slice(self, e, env):
+        return slice(*(None if x is None else self.expr(x, env) for x in (e.lower, e.upper, e.step)))
 
     def e_UnaryOp(self, e, env):
         return UNARY[e.op](self.expr(e.operand, env))
@@ -220,16 +198,14 @@ class Interp:
     def binop(self, op, a, b):
         if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
             return fold(op, a, b)  # host numbers: the language's semantics (C division)
-        return OPS[op](tensor(a, self.device), tensor(b, self.device))
+        return OPS[op](self.tensor(a), self.tensor(b))
 
     def e_Call(self, e, env):
         if isinstance(e.func, A.Attribute) and e.func.attr == "to":
-            return tensor(self.expr(e.func.value, env), self.device).to(TORCH[self.expr(e.args[0], env).name])
+            return self.tensor(self.expr(e.func.value, env)).to(TORCH[self.expr(e.args[0], env).name])
         f = self.expr(e.func, env)
         if f in ATOMICS:  # the first argument is a place
-            t, index = self.place(e.args[0], env)
-            t[index] = ATOMICS[f](t[index], self.expr(e.args[1], env))
-            return None
+            return self.assign(e.args[0], ATOMICS[f](self.expr(e.args[0], env), self.expr(e.args[1], env)), env)
         args, kwargs = [self.expr(a, env) for a in e.args], {k: self.expr(v, env) for k, v in e.kwargs}
         if f in self.defs:
             return self.call(self.defs[f], args, kwargs)
@@ -238,6 +214,9 @@ class Interp:
             return BUILTINS[f](self, *args, **kwargs)
         except TypeError as err:
             raise NkError(f"{f}(): {err}", e.span) from None
+
+    def tensor(self, x) -> torch.Tensor:
+        return x if isinstance(x, torch.Tensor) else torch.tensor(x, device=self.device)
 
     def shape(self, shape) -> list:
         return [s.size if isinstance(s, Tile) else int(s) for s in (shape if isinstance(shape, (list, tuple)) else [shape])]
@@ -292,14 +271,13 @@ OPS = {**{op: getattr(operator, name) for op, name in [
 UNARY = {"-": operator.neg, "+": operator.pos, "~": operator.invert,
          "not": lambda v: torch.logical_not(v) if isinstance(v, torch.Tensor) else not v}
 BUILTINS = {
-    **{n: _math(n) for n in "exp exp2 log log2 sqrt rsqrt sin cos tanh sigmoid erf floor ceil abs".split()},
-    **{n: _reduce(n) for n in ("sum", "max", "min", "argmax", "argmin")},
+    **{n: _math(n) for n in [*MATH, "abs"]}, **{n: _reduce(n) for n in REDUCTIONS},
     "dot": _dot, "empty": _empty, "full": _full, "static_assert": _static_assert, "print": lambda it, *v: print(*v),
     "zeros": lambda it, shape, dtype=DTYPES["f32"]: _full(it, shape, 0, dtype),
     "empty_like": lambda it, x: _empty(it, x.shape, DTYPE_OF[x.dtype]),
-    "minimum": lambda it, a, b: torch.fmin(tensor(a, it.device), tensor(b, it.device)),
-    "maximum": lambda it, a, b: torch.fmax(tensor(a, it.device), tensor(b, it.device)),
-    "where": lambda it, c, a, b: torch.where(tensor(c, it.device), a, b),
+    "minimum": lambda it, a, b: torch.fmin(it.tensor(a), it.tensor(b)),
+    "maximum": lambda it, a, b: torch.fmax(it.tensor(a), it.tensor(b)),
+    "where": lambda it, c, a, b: torch.where(it.tensor(c), a, b),
     "cdiv": lambda it, a, b: it.binop("//", it.binop("+", a, b - 1), b),
     "fma": lambda it, a, b, c: a * b + c,
     "trans": lambda it, x, *dims: x.permute(*(dims or reversed(range(x.dim())))),

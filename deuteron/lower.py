@@ -21,7 +21,7 @@ from newtc import ast as A
 from newtc.errors import NkError, Span
 from newtc.types import DType
 
-from .lang import DTYPE_OF, header, is_call, require
+from .lang import DTYPE_OF, callee, header, require
 
 PREC = {"or": 1, "and": 2, "|": 5, "^": 6, "&": 7, "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "//": 10,
         "%": 10, "@": 10, **dict.fromkeys(["<", "<=", ">", ">=", "==", "!="], 4)}
@@ -44,10 +44,7 @@ class E(NamedTuple):
     zero: bool = False  # its padding lanes hold 0: a fresh load, converted or not
 
 
-class TileVar(NamedTuple):
-    dim: Dim
-    begin: E
-    bound: str
+TileVar = NamedTuple("TileVar", [("dim", Dim), ("begin", E), ("bound", str)])  # a tile variable of the kernel
 
 
 def par(e: E, prec: int) -> str:
@@ -66,20 +63,22 @@ def mask(dims: tuple, axes=None) -> str | None:
     return terms[0] if len(terms) == 1 else " & ".join(f"({t})" for t in terms) or None
 
 
+def padded(v: E, axes, fill: str) -> str:
+    """v's text with `fill` in its padding lanes along `axes`: a reduction's identity, a dot's 0."""
+    m = mask(v.dims, axes)
+    return f"where({m}, {v.text}, {fill})" if m else v.text
+
+
 def broadcast(*dimss) -> tuple:
-    rank = max(map(len, dimss), default=0)
-    padded = [(None,) * (rank - len(d)) + tuple(d) for d in dimss]
-    return tuple(next((d[k] for d in padded if d[k]), None) for k in range(rank))
+    """The dims of operands broadcast together, aligned at the right: per axis, the first that is not 1 (None)."""
+    columns = itertools.zip_longest(*(reversed(d) for d in dimss))
+    return tuple(reversed([next(filter(None, column), None) for column in columns]))
 
 
-def names_in(node) -> set:
-    """Every name some AST mentions or binds."""
-    if isinstance(node, A.Name):
-        return {node.id}
-    if isinstance(node, (list, tuple)):  # statements, arguments; a keyword argument is a (name, value) pair
-        return set().union(*map(names_in, node))
-    out = set().union(*(names_in(getattr(node, f)) for f in getattr(node, "__dataclass_fields__", ()) if f != "span"))
-    return out | {node.name} if isinstance(node, A.Param) else out
+def names_in(nodes) -> set:
+    """Every name some AST nodes mention or bind (names, parameters, definitions)."""
+    found = (n for x in nodes for n in A.walk(x) if isinstance(n, (A.Name, A.Param, A.FuncDef)))
+    return {n.id if isinstance(n, A.Name) else n.name for n in found}
 
 
 def next_pow2(n: int) -> int:
@@ -108,7 +107,8 @@ class Lowered:
 
     def __init__(self, fn, host: dict, interp, config: dict, name: str, loop: A.For):
         self.fn, self.host, self.interp, self.config, self.name = fn, host, interp, config, name
-        self.taken, self.span, self.file = set(fn.taken), fn.defn.span, f"{fn.program.ast.file}~{name}.nk"
+        self.taken, self.span, self.short = set(fn.program.taken), fn.defn.span, Path(fn.program.ast.file).name
+        self.file = f"{self.short}~{name}.nk"  # not the folder: a program loaded by another path shares newt's caches
         self.lines, self.preamble, self.depth = [], [], 1  # (depth, text, span)
         self.params, self.consts, self.memo, self.env, self.rindex = {}, {}, {}, {}, {}  # params: name -> source
         # for the search space: each tile's bound (its next power of two, or None), the tiles of dots, the block
@@ -144,20 +144,19 @@ class Lowered:
     def fresh(self, base: str, key=None) -> str:
         """A name no one uses (base, base2, base3, ...), the same one for the same key."""
         if key is None or key not in self.memo:
-            candidates = itertools.chain([base], (f"{base}{i}" for i in itertools.count(2)))
-            self.memo[key] = next(n for n in candidates if n not in self.taken)
+            names = (f"{base}{i}" if i > 1 else base for i in itertools.count(1))
+            self.memo[key] = next(n for n in names if n not in self.taken)
             self.taken.add(self.memo[key])
         return self.memo[key]
 
-    def param(self, base: str, source) -> str:
-        name = self.fresh(base, source)
-        self.params[name] = source
+    def declare(self, table: dict, base: str, value, key) -> str:
+        """A fresh name for `key`, bound to `value` in params (name -> source) or consts (name -> value)."""
+        table[name := self.fresh(base, key)] = value
         return name
 
-    def const(self, base: str, value, key) -> str:
-        name = self.fresh(base, key)
-        self.consts[name] = value
-        return name
+    def size(self, x: str, d: int, what: str = "size") -> str:
+        """The kernel parameter of tensor x's size (or stride) along dimension d."""
+        return self.declare(self.params, f"{x}_{what}{d}", (what, x, d), (what, x, d))
 
     def line(self, text: str) -> None:
         self.lines.append((self.depth, text, self.span))
@@ -172,7 +171,7 @@ class Lowered:
         """The int an expression makes of the host code's values alone (a size, an axis); where it makes none,
         None, or an error saying that `what` must be one."""
         try:
-            n = None if names_in(e) & set(self.env) else self.interp.expr(e, self.host)
+            n = None if names_in([e]) & set(self.env) else self.interp.expr(e, self.host)
         except (NkError, TypeError, ValueError, AttributeError, IndexError, KeyError):
             n = None
         require(not what or isinstance(n, int), f"{what} must be an int the host code knows", e.span)
@@ -183,7 +182,7 @@ class Lowered:
         self.span, dims, counts, grid = loop.span, [], [], 1  # dims: (variable, bound, Dim or None for grid(n))
         persistent, several = bool(self.config.get("persistent")), len(loop.iter.args) > 1
         for name, arg in zip(header(loop)[1], loop.iter.args):
-            node = arg.args[0] if is_call(arg, "grid") else arg
+            node = arg.args[0] if callee(arg) == "grid" else arg
             bound, n = self.scalar(node), self.known(node, "a grid's size")
             d = self.tile(name, arg, bound) if node is arg else None
             dims.append((name, bound.text, d))
@@ -203,7 +202,7 @@ class Lowered:
         if group > 1:  # the last two dimensions as one, walked in groups of rows
             inner = pid if len(dims) == 2 else self.fresh("inner")
             self.unflatten(pid, pids[:-2] + [inner], counts[:-2] + [f"({counts[-2]} * {counts[-1]})"])
-            self.grouped(inner, pids[-2:], counts[-2:], self.const("GROUP", group, "GROUP"))
+            self.grouped(inner, pids[-2:], counts[-2:], self.declare(self.consts, "GROUP", group, "GROUP"))
         else:
             self.unflatten(pid, pids, counts)
         for (v, bound, d), p in zip(dims, pids):
@@ -235,7 +234,7 @@ class Lowered:
         """A tile loop's block; it is not masked where the host code's sizes show that the block divides the bound."""
         size, n = self.config.get(f"block_{name}", 1), self.known(node)
         self.tiles[name] = None if n is None else next_pow2(n)
-        block = self.const(f"BLOCK_{name.upper()}", size, ("block", name))
+        block = self.declare(self.consts, f"BLOCK_{name.upper()}", size, ("block", name))
         return Dim(name, block, None if n is not None and n % size == 0 else bound.text, name, size)
 
     def enter(self, name: str, dim: Dim, begin: E, bound: str) -> None:
@@ -248,24 +247,20 @@ class Lowered:
         np2 = next_pow2(n)
         if np2 not in self.rindex:
             index = self.fresh(f"r{len(self.rindex)}")
-            self.rindex[np2] = index, self.const(index.upper(), np2, ("R", np2))
+            self.rindex[np2] = index, self.declare(self.consts, index.upper(), np2, ("R", np2))
             self.preamble.append((1, f"{index} = arange(0, {self.rindex[np2][1]})", self.span))
         return Dim(*self.rindex[np2], None if n == np2 else bound, None, np2)
 
     def finish(self, grid: int, loop: A.For) -> None:
-        module, fn = self.fn.program.ast, self.fn.defn
-        file, short = module.file, Path(module.file).name
-        tensors_first = sorted(self.params, key=lambda n: not isinstance(self.host.get(n), torch.Tensor))
-        self.params = {n: self.params[n] for n in tensors_first}
-        config = json.dumps(self.config, default=str)
-        out = [(f"# deuteron: tile {fn.name} ({short}:{fn.span.line}), config {config}", None)]  # (text, Span)
-        defs = {d.name: d for d in module.defs if d.kind == "def"}
+        module, fn, defs, short = self.fn.program.ast, self.fn.defn, self.fn.program.defs, self.short
+        self.params = dict(sorted(self.params.items(), key=lambda p: not isinstance(self.host.get(p[0]), torch.Tensor)))
+        out = [(f"# deuteron: tile {fn.name} ({short}:{fn.span.line}), config {json.dumps(self.config, default=str)}", None)]
         used = names_in(loop.body) & set(defs)
         while more := {m for n in used for m in names_in(defs[n].body) if m in defs} - used:  # helpers' helpers
             used |= more
         src = module.source.splitlines()
         for d in (d for d in defs.values() if d.name in used):  # as written
-            out += [(src[k - 1], Span(file, k, 1)) for k in range(d.span.line, d.span.end_line + 1)] + [("", None)]
+            out += [(src[k - 1], Span(module.file, k, 1)) for k in range(d.span.line, d.span.end_line + 1)] + [("", None)]
         out.append((f"kernel {self.name}({', '.join([*self.params, *(f'{n}: constexpr' for n in self.consts)])}):", self.span))
         out += [(f"{'    ' * depth}{text}  # {short}:{span.line}", span) for depth, text, span in self.preamble + self.lines]
         self.meta = {**self.consts, "num_warps": self.config.get("num_warps", 4), "num_stages": self.config.get("num_stages", 1)}
@@ -304,10 +299,9 @@ class Lowered:
 
     def s_AugAssign(self, s):
         require(isinstance(s.target, A.Name), "only names take augmented assignment in a tile loop", s.span)
-        v = s.value
-        if s.op == "+" and isinstance(v, A.BinOp) and v.op == "@":  # accumulate in the dot itself
-            return self.line(f"{s.target.id} = {self.dot(v.left, v.right, s.target, v.span).text}")
-        self.line(f"{self.expr(s.target).text} {s.op}= {self.expr(v).text}")
+        if s.op == "+" and isinstance(s.value, A.BinOp) and s.value.op == "@":  # accumulate in the dot itself
+            return self.line(f"{s.target.id} = {self.dot(s.value.left, s.value.right, s.target, s.value.span).text}")
+        self.line(f"{self.expr(s.target).text} {s.op}= {self.expr(s.value).text}")
 
     def s_If(self, s):
         self.line(f"if {self.expr(s.cond).text}:")
@@ -386,8 +380,7 @@ class Lowered:
     def e_Subscript(self, e):
         base = e.value
         if isinstance(base, A.Attribute) and base.attr == "shape" and (t := self.tensor(base.value)) is not None:
-            d = self.known(e.index[0], "a dimension") % t.dim()
-            return E(self.param(f"{base.value.id}_size{d}", ("size", base.value.id, d)))
+            return E(self.size(base.value.id, self.known(e.index[0], "a dimension") % t.dim()))
         if self.tensor(e.value) is not None:
             ptr, m, dims = self.place(e)
             return E(f"load({ptr}{f', mask={m}, other=0' if m else ''})", dims, zero=True)
@@ -412,7 +405,7 @@ class Lowered:
             require(d < t.dim(), f"too many indices for a tensor of rank {t.dim()}", e.span)
             require(is_whole(item) or not isinstance(item, A.Slice), "a tensor takes `:` (a whole dimension), not a range", item.span)
             if is_whole(item) or isinstance(v, TileVar):
-                dims.append(self.whole(self.param(f"{x}_size{d}", ("size", x, d)), t.shape[d]) if is_whole(item) else v.dim)
+                dims.append(self.whole(self.size(x, d), t.shape[d]) if is_whole(item) else v.dim)
                 offsets.append(len(dims) - 1)
             else:
                 offsets.append(self.scalar(item))
@@ -420,8 +413,7 @@ class Lowered:
         parts = [x]
         for d, i in enumerate(offsets):
             idx = par(E(dims[i].index + bc(i, len(dims))) if isinstance(i, int) else i, PREC["*"])
-            unit = t.stride(d) == 1  # a known unit stride: the offsets are seen to be contiguous
-            parts.append(idx if unit else f"{idx} * {self.param(f'{x}_stride{d}', ('stride', x, d))}")
+            parts.append(idx if t.stride(d) == 1 else f"{idx} * {self.size(x, d, 'stride')}")  # unit: seen contiguous
         self.params[x] = ("value", x)
         return " + ".join(parts), mask(tuple(dims)), tuple(dims)
 
@@ -439,15 +431,12 @@ class Lowered:
         """a @ b, accumulating into acc where there is one; the nodes of a, b and acc."""
         a, b = self.expr(an), self.expr(bn)
         require(len(a.dims) == len(b.dims) == 2, "`@` multiplies two 2-D tiles", span)
-        texts = []
-        for v, k in ((a, 1), (b, 0)):  # K is a's axis 1 and b's axis 0
-            m = None if v.zero else mask(v.dims, [k])
-            texts.append(f"where({m}, {v.text}, 0)" if m else v.text)
+        texts = [v.text if v.zero else padded(v, [k], "0") for v, k in ((a, 1), (b, 0))]  # K: a's axis 1, b's axis 0
         self.dot_tiles |= {d.var for d in (a.dims[0], a.dims[1], b.dims[1]) if d and d.var}
         return E(f"dot({', '.join(texts + ([self.expr(acc).text] if acc else []))})", (a.dims[0], b.dims[1]))
 
     def e_Call(self, e):
-        f = e.func.id if isinstance(e.func, A.Name) else None
+        f = callee(e)
         kw = dict(e.kwargs)
         if f in IDENTITY:
             return self.reduce(f, e, kw)
@@ -472,8 +461,7 @@ class Lowered:
         axis = None if node is None or is_none(node) else self.known(node, "an axis")
         keep = "keep_dims" in kw and bool(self.known(kw["keep_dims"]))
         axes = range(len(x.dims)) if axis is None else [axis % len(x.dims)]
-        m = mask(x.dims, axes)
-        args = [f"where({m}, {x.text}, {IDENTITY[f]})" if m else x.text]
+        args = [padded(x, axes, IDENTITY[f])]
         args += ([f"axis={axis}"] if axis is not None else []) + (["keep_dims=True"] if keep else [])
         return E(f"{f}({', '.join(args)})", tuple(None if a in axes else d for a, d in enumerate(x.dims) if keep or a not in axes))
 
@@ -486,6 +474,5 @@ class Lowered:
     def shape_dim(self, item) -> Dim:
         """A dimension of the block zeros() or full() makes: a tile, or a whole size the host knows (x.shape[i], 16)."""
         v = self.env.get(item.id) if isinstance(item, A.Name) else None
-        if isinstance(v, TileVar):
-            return v.dim
-        return self.whole(self.scalar(item).text, self.known(item, "a tile shape's entry (a tile, or a size)"))
+        return v.dim if isinstance(v, TileVar) else \
+            self.whole(self.scalar(item).text, self.known(item, "a tile shape's entry (a tile, or a size)"))

@@ -6,7 +6,7 @@
 """
 from __future__ import annotations
 
-import hashlib
+import functools
 import os
 from pathlib import Path
 from typing import NamedTuple
@@ -14,8 +14,9 @@ from typing import NamedTuple
 import torch
 
 from newtc import ast as A
+from newtc import cache
 from newtc.cli import stage_text
-from newtc.errors import NkError, flag
+from newtc.errors import flag
 from newtc.syntax import parse_cached as parsed
 
 from . import lang, lower, search, store
@@ -56,6 +57,11 @@ class Program:
         self.defs = {d.name: d for d in self.ast.defs if d.kind == "def"}
         self.fns = {d.name: TileFunction(self, d) for d in self.ast.defs if d.kind == "tile"}
 
+    @functools.cached_property
+    def taken(self) -> set:
+        """The names the file uses: a generated name is none of them."""
+        return lower.names_in(self.ast.defs)
+
     def __getattr__(self, name: str) -> "TileFunction":
         if name in self.__dict__.get("fns", {}):
             return self.fns[name]
@@ -65,12 +71,10 @@ class Program:
 class TileFunction:
     def __init__(self, program: Program, d: A.FuncDef):
         self.program, self.defn, self.name = program, d, d.name
-        self.constexprs = {p.name for p in d.params if lang.is_tunable(p) or lang.is_constexpr_annot(p.annotation)}
         self.tunables = lang.Interp(program.defs, None).tunables(d)
-        lines = program.ast.source.splitlines()
-        text = "\n".join("\n".join(lines[x.span.line - 1:x.span.end_line]) for x in [d, *program.defs.values()])
-        self.hash = hashlib.sha256(text.encode()).hexdigest()[:16]  # what a stored config is valid for
-        self.taken = lower.names_in(program.ast.defs) | {x.name for x in program.ast.defs}
+        self.constexprs = {p.name for p in d.params if lang.is_constexpr_annot(p.annotation)} | set(self.tunables)
+        lines = program.ast.source.splitlines()  # a stored config is valid for this text and the file's helpers
+        self.hash = cache.key(*("\n".join(lines[x.span.line - 1:x.span.end_line]) for x in [d, *program.defs.values()]))[:16]
         self.lowered, self.kernels, self.chosen, self.pinned, self.tuned = {}, {}, {}, None, {}
 
     def __repr__(self) -> str:

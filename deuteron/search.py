@@ -42,7 +42,7 @@ class Space:
                 self.choices[name], defaults[name] = options, default
         for name, options in tunables.items():
             self.choices[name], defaults[name] = list(options), options[0]
-        self.defaults = self.shrink({k: defaults[k] for k in self.choices})
+        self.defaults = self.shrink(defaults)
 
     def elements(self, config: dict, shape: tuple) -> int:
         return math.prod(config.get(f"block_{d}", 1) if isinstance(d, str) else d for d in shape)
@@ -76,11 +76,16 @@ class Space:
         return [c for c, _ in zip(filter(self.valid, tries), range(n))]
 
     def neighbours(self, config: dict, radius: int = 1) -> list:
-        """The valid configs one parameter away (up to `radius` steps along its choices)."""
+        """The valid configs one parameter away (up to `radius` steps along its choices). A move to blocks that
+        overflow the threads takes the warps they need along, so that the walk crosses to bigger tiles in one step."""
         out = []
         for k, options in self.choices.items():
             i = options.index(config[k])
-            out += [{**config, k: options[j]} for j in range(max(0, i - radius), min(len(options), i + radius + 1)) if j != i]
+            for j in (j for j in range(max(0, i - radius), min(len(options), i + radius + 1)) if j != i):
+                moved = {**config, k: options[j]}
+                while k != "num_warps" and not self.valid(moved) and moved["num_warps"] < KNOBS["num_warps"][0][-1]:
+                    moved["num_warps"] *= 2
+                out.append(moved)
         return list(filter(self.valid, out))
 
 

@@ -1,27 +1,24 @@
 """Tuned configs on disk: a JSON file per key, written atomically. The key is the tile program's text (and the
 file's helpers), the specialization (dtypes, shape bucket: the next power of two per dimension, 16-byte
 alignment, unit strides), the GPU's name and the newt and deuteron versions. An entry that does not parse, names
-another key or holds a config outside today's space reads as a miss: the program is tuned again.
+another key or holds a config outside today's space reads as a miss, with a warning: the program is tuned again.
 """
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
 import newtc.jit
-from newtc.cache import default_dir
+from newtc import cache
 
 from .lang import device_of
 from .lower import next_pow2
 
-VERSION = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))).hexdigest()[:16]
+VERSION = cache.key(*(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py"))))[:16]
 
 
 def arg_key(a):
@@ -43,31 +40,30 @@ def key(fn, args, kwargs) -> dict:
 
 
 def path(k: dict) -> Path:
-    digest = hashlib.sha256(json.dumps(k, sort_keys=True).encode()).hexdigest()[:24]
-    return Path(os.environ.get("DEUTERON_CACHE_DIR") or default_dir() / "deuteron") / f"{k['program']}-{digest}.json"
+    folder = Path(os.environ.get("DEUTERON_CACHE_DIR") or cache.default_dir() / "deuteron")
+    return folder / f"{k['program']}-{cache.key(json.dumps(k, sort_keys=True))[:24]}.json"
 
 
 def load(k: dict, space) -> dict | None:
-    """The stored config for this key, or None (absent, unreadable, another key's, or not in the space)."""
+    """The stored config for this key, or None: absent, or damaged (unreadable, another key's, or not in the
+    space), which warns. Its keys come in the space's order, as the tuner made it: the same kernel text."""
     try:
         entry = json.loads(path(k).read_text())
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return None
-    ok = isinstance(entry, dict) and entry.get("key") == k and space.contains(entry.get("config"))
-    return entry["config"] if ok else None
+    except (OSError, ValueError):  # unreadable, or not JSON
+        entry = None
+    if isinstance(entry, dict) and entry.get("key") == k and space.contains(entry.get("config")):
+        return {name: entry["config"][name] for name in space.choices}
+    warnings.warn(f"deuteron: ignoring {path(k)}: it is not a config of this key and search space",
+                  RuntimeWarning, stacklevel=3)
+    return None
 
 
 def save(k: dict, config: dict, **info) -> None:
     """Readers see the old entry or the whole new one; concurrent writers each replace it whole."""
-    target, tmp = path(k), None
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"key": k, "config": config, **info}, f, indent=1, sort_keys=True)
-        os.replace(tmp, target)
+        cache.write_atomic(path(k), json.dumps({"key": k, "config": config, **info}, indent=1, sort_keys=True).encode())
     except OSError as e:
-        with contextlib.suppress(OSError, TypeError):
-            os.unlink(tmp)
-        warnings.warn(f"deuteron: cannot store the tuned config in {target.parent} ({e}); set DEUTERON_CACHE_DIR",
+        warnings.warn(f"deuteron: cannot store the tuned config in {path(k).parent} ({e}); set DEUTERON_CACHE_DIR",
                       RuntimeWarning, stacklevel=3)

@@ -11,7 +11,9 @@ import statistics
 import sys
 import threading
 import time
+from importlib.machinery import ModuleSpec
 from multiprocessing.pool import ThreadPool
+from unittest import mock
 
 import torch
 
@@ -125,16 +127,9 @@ class Pool:
     def start(self, device):
         conn, child = self.ctx.Pipe()
         proc = self.ctx.Process(target=self.target, args=(child, device, self.setup), daemon=True)
-        main = sys.modules["__main__"]
-        with _hide_main:  # spawn would run the caller's script again in the child (as __mp_main__)
-            saved = main.__dict__.pop("__file__", None), getattr(main, "__spec__", None)
-            main.__spec__ = None
-            try:
-                proc.start()
-            finally:
-                main.__spec__ = saved[1]
-                if saved[0] is not None:
-                    main.__file__ = saved[0]
+        # spawn would run the caller's script again in the child (as __mp_main__), but not a package's __main__
+        with _hide_main, mock.patch.object(sys.modules["__main__"], "__spec__", ModuleSpec("__main__", None)):
+            proc.start()
         child.close()
         self.started += 1
         kind, reason = conn.recv() if conn.poll(START) else ("error", "no answer")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import types
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 
 from .errors import Span
 
@@ -174,6 +174,24 @@ class Module:
     defs: list[FuncDef] = field(default_factory=list)
 
 
+# ---- walking the AST --------------------------------------------------------------------------
+def children(node):
+    """The nodes right inside `node` (a keyword argument's value too)."""
+    for f in fields(node):
+        v = getattr(node, f.name)
+        for x in v if isinstance(v, list) else [v]:
+            x = x[1] if isinstance(x, tuple) else x  # a keyword argument (name, value)
+            if is_dataclass(x) and not isinstance(x, Span):
+                yield x
+
+
+def walk(node):
+    """`node` and every node inside it, outermost first."""
+    yield node
+    for c in children(node):
+        yield from walk(c)
+
+
 # ---- the AST as JSON (the disk cache stores it so; nothing in it executes on load) ---------------
 NODES = {cls.__name__: cls for cls in (Name, Num, Const, Str, BinOp, UnaryOp, Call, Attribute, Slice, Subscript,
                                        TupleExpr, ListExpr, Assign, AugAssign, ExprStmt, For, If, Return, Pass,
@@ -194,7 +212,7 @@ def to_json(module: Module) -> bytes:
 def from_json(data: bytes, file: str, source: str) -> Module:
     """The module that to_json wrote; ValueError unless every node has exactly its fields, of their types."""
     def dec(v, hint):
-        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        origin, args = PARTS[hint]
         if hint is Span:
             if not (isinstance(v, list) and len(v) == 4 and all(type(x) is int for x in v)):
                 raise ValueError(f"bad span {v!r}")
@@ -216,7 +234,7 @@ def from_json(data: bytes, file: str, source: str) -> Module:
             if not any(type(v) is a for a in args):  # exact types: a JSON true is no int here
                 raise ValueError(f"{v!r} is not {hint}")
             return v
-        if hint in NODES.values():
+        if hint in HINTS:
             if not (isinstance(v, dict) and v.get("node") == hint.__name__ and v.keys() == HINTS[hint].keys() | {"node"}):
                 raise ValueError(f"expected a {hint.__name__} node, got {v!r}")
             return hint(**{name: dec(v[name], h) for name, h in HINTS[hint].items()})
@@ -232,3 +250,17 @@ def from_json(data: bytes, file: str, source: str) -> Module:
 
 
 HINTS = {cls: typing.get_type_hints(cls) for cls in NODES.values()}  # field name -> its type, per node class
+
+
+def _parts(todo: list) -> dict:
+    """(origin, args) of each type and of the types inside it: from_json asks typing once, not at every node."""
+    out = {}
+    while todo:
+        hint = todo.pop()
+        if hint not in out:
+            out[hint] = typing.get_origin(hint), typing.get_args(hint)
+            todo += out[hint][1]
+    return out
+
+
+PARTS = _parts([list[FuncDef], *(t for hints in HINTS.values() for t in hints.values())])

@@ -80,20 +80,28 @@ class DiskCache:
         """Store `data`; readers see the old entry or the whole new one, never a partial write."""
         if not self.writable:
             return
-        path, tmp = self._path(key), None
+        k = bytes.fromhex(key)
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{key}.", suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                k = bytes.fromhex(key)
-                f.write(_HEADER.pack(_MAGIC, k, len(data), _digest(k, data)))
-                f.write(data)
-            os.replace(tmp, path)  # atomic; concurrent writers of one key each replace it whole
+            write_atomic(self._path(key), _HEADER.pack(_MAGIC, k, len(data), _digest(k, data)) + data)
         except OSError as e:
             self.writable = False
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
             warnings.warn(f"newt: cannot write the kernel cache in {self.dir} ({e}); "
                           "continuing without it (set NEWT_CACHE_DIR to a writable folder)",
                           RuntimeWarning, stacklevel=2)
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Replace the file `path` (and make its folder): readers see the old file or the whole new one, and
+    concurrent writers each replace it whole. An OSError leaves no temporary file behind."""
+    path, tmp = Path(path), None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise

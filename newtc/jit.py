@@ -357,7 +357,7 @@ class Kernel:
 
     def binary(self, args, meta, arch: str) -> Binary:
         spec = self.specialize(args, meta, arch)
-        key = cache.key(VERSION, self.module.filename, self.module.text, self.name, repr(spec), repr(nvrtc.version()))
+        key = cache.key(VERSION, self.module.filename, self.module.text, self.name, repr(spec), nvrtc.identity())
         data = cache.shared().get(key)
         if data is not None:
             try:

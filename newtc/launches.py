@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 import time
 
 from . import cache
@@ -35,17 +34,8 @@ def record(filename: str, kernel: str, spec) -> None:
     if old is not None and {k: v for k, v in old.items() if k != "time"} == data:
         return  # reading is cheap, a write costs milliseconds on some file systems: rewrite only a change
     data["time"] = time.time()
-    tmp = None
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)  # readers see the old record or the new one, never half of one
-    except OSError:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+    with contextlib.suppress(OSError):
+        cache.write_atomic(path, json.dumps(data).encode())  # readers see the old record or the new one
 
 
 def last(filename: str, kernel: str) -> dict | None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from . import ast as A
 from . import check, cli, compiler, ir, launches, syntax
+from .ast import children, walk
 from .compiler import Spec
 from .errors import Diagnostic, NkError, Span
 from .types import DTYPES
@@ -80,21 +81,6 @@ def name_span(node, lines: list[str]) -> Span:
     s = node.span
     col = s.col if isinstance(node, A.Param) else lines[s.line - 1].index(node.name, s.col - 1 + len(node.kind)) + 1
     return Span(s.file, s.line, col, s.line, col + len(node.name))
-
-
-def children(node):
-    for f in dataclasses.fields(node):
-        v = getattr(node, f.name)
-        for x in v if isinstance(v, list) else [v]:
-            x = x[1] if isinstance(x, tuple) else x  # a keyword argument (name, value)
-            if dataclasses.is_dataclass(x) and not isinstance(x, Span):
-                yield x
-
-
-def walk(node):
-    yield node
-    for c in children(node):
-        yield from walk(c)
 
 
 def path_to(node, line: int, col: int) -> list:

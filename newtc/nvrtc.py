@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import importlib.util
 import os
 import re
@@ -89,15 +90,20 @@ def _candidates() -> tuple[list[Path], list[str]]:
     if os.environ.get("CUDA_HOME"):
         dirs += [Path(os.environ["CUDA_HOME"]) / "lib64", Path(os.environ["CUDA_HOME"]) / "lib"]
     dirs.append(Path("/usr/local/cuda/lib64"))
-    names = [n for n in (ctypes.util.find_library("nvrtc"),) if n]
+    found = any(next(d.glob("libnvrtc.so*"), None) for d in dirs)  # find_library runs ldconfig and gcc: ~10 ms
+    names = [] if found else [n for n in (ctypes.util.find_library("nvrtc"),) if n]
     return dirs, names + ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
+
+
+def _files(dirs: list[Path]) -> list[Path]:
+    """The libnvrtc files in the folders, in the order they are tried: the newest version of a folder first."""
+    return [f for d in dirs for f in sorted(d.glob("libnvrtc.so*"), key=_so_version, reverse=True)]
 
 
 def _load() -> ctypes.CDLL:
     dirs, names = _candidates()
-    files = [str(f) for d in dirs for f in sorted(d.glob("libnvrtc.so*"), key=_so_version, reverse=True)]
     failures = []
-    for candidate in files + names:
+    for candidate in [*map(str, _files(dirs)), *names]:
         try:
             lib = ctypes.CDLL(candidate)
         except OSError as e:
@@ -136,6 +142,14 @@ def _read(lib: ctypes.CDLL, prog: c_void_p, what: str) -> bytes:
     buf = ctypes.create_string_buffer(size.value)
     _check(lib, getattr(lib, f"nvrtcGet{what}")(prog, buf), f"nvrtcGet{what}")
     return buf.raw.rstrip(b"\0") if what != "CUBIN" else buf.raw
+
+
+@functools.cache
+def identity() -> str:
+    """NVRTC in a cache key, known without loading it (a dlopen of tens of MB would be most of a warm process's
+    first launch): the file it loads first, resolved, and its size; the version where only the loader finds it."""
+    first = next(iter(_files(_candidates()[0])), None)
+    return f"{first.resolve()} {first.stat().st_size}" if first else repr(version())
 
 
 def version() -> tuple[int, int]:

@@ -1,6 +1,8 @@
 """deuteron on the CPU: each example tile program lowered for several configs, checked and compiled by NVRTC
 (sm_80 and sm_90a), run in newt's interpreter against the eager oracle; the oracle against torch; errors at
 the tile program's lines; the API and the `deuteron` command."""
+import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -8,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import deuteron
+import newtc.ops
 from deuteron.cli import main
 from newtc.errors import NkError
 
@@ -171,6 +174,30 @@ tile total(x):
     close(total(v, config=dict(block_t=64)), v.sum().reshape(1), v.dtype)
 
 
+# The instruction families of a generated kernel's body: tensor core ops, the cp.async ring, the epilogue's stores.
+INSTRUCTIONS = r"wgmma\.[\w.]+|cp\.async\.[\w.]+(?: \d)?|nk_cp_async<\d+>|nk_pack<\w+, \d+>|nk_store_if|nk_desc|__syncthreads"
+
+
+def test_the_stdlib_matmul_config_lowers_to_the_stdlib_kernels_instructions(prog):
+    """For the config newtc.ops.matmul picks at 4096^3 f16 on sm_90a, the tile program's kernel has the stdlib
+    kernel's instruction mix: the same wgmma tiles, cp.async ring, waits and vector stores (its masks dropped)."""
+    n = 4096
+    x = torch.empty(n, n, dtype=torch.float16, device="meta")
+    cfg = newtc.ops._matmul_config(n, n, n, 2, "sm_90a")
+    config = dict(block_tm=cfg["BM"], block_tn=cfg["BN"], block_tk=cfg["BK"], num_warps=cfg["num_warps"],
+                  num_stages=cfg["num_stages"], persistent=False, group=8)
+    assert prog.matmul.space(x, x).contains(config)
+    (launch,) = prog.matmul.plan((x, x), {}, config)[1]
+    ours = launch.stage("cuda")
+    stdlib = newtc.ops._stdlib("matmul").matmul.output((x, x, x, n, n, n, n, 1, n, 1, n, 1),
+                                                         dict(GROUP_M=8, ACTIVATION="none", **cfg), "cuda", "sm_90a").cuda.source
+
+    def mix(src):
+        return Counter(re.findall(INSTRUCTIONS, src[src.index("__global__"):]))
+    assert mix(ours) == mix(stdlib) and mix(ours)["wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16"]
+    assert "mask=" not in launch.low.text
+
+
 BAD = """\
 tile shift(x):
     out = empty_like(x)
@@ -269,3 +296,94 @@ def test_command_errors(capsys):
     assert rc == 1 and "pick a tile program" in err and "softmax" in err
     rc, out, err = run(capsys, TILES, "-k", "softmax", "--sig", "x=f32[4")
     assert rc == 2 and "NAME=DTYPE[SIZES]" in err
+
+
+STMTS = """\
+def sq(v):
+    return v * v
+
+def norm2(v):
+    return sq(v) + 1.0
+
+tile stmts(x, y, bias, flag, steps, MODE: constexpr = 1):
+    out = empty([x.shape[0], y.shape[1]], f32)
+    for tm, tn in tiles(x.shape[0], y.shape[1]):
+        acc = zeros([tm, tn], f32)
+        for tk in tiles(x.shape[1]):
+            acc = dot(x[tm, tk], y[tk, tn], acc)
+        extra = zeros([tm, tn], f32)
+        for i in range(0, steps):
+            extra += 0.5
+        if flag:
+            pass
+            acc = acc + extra
+        else:
+            acc = acc - extra
+        if MODE == 1:
+            acc = acc * 2.0
+        out[tm, tn] = norm2(acc) + bias[None, tn]
+    return out
+"""
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_kernel_statements_and_helpers_of_helpers(flag):
+    fn = deuteron.compile(STMTS, "stmts.nk").stmts
+    x, y, b = rand(37, 40), rand(40, 45), rand(45)
+    config = dict(block_tm=16, block_tn=32, block_tk=16)
+    want = F.linear(x, y.t()).add(0.5 * 3 if flag else -0.5 * 3).mul(2).pow(2).add(1) + b
+    close(fn(x, y, b, flag, 3, eager=True), want, x.dtype)
+    close(fn(x, y, b, flag, 3, config=config), want, x.dtype)
+    text = fn.source(x, y, b, flag, 3, config=config)
+    assert "def sq(v):" in text and "def norm2(v):" in text  # a helper's helper is copied too
+    assert f"if {flag}:" in text and "for i in range(0, steps):" in text and "bias + tn[None, :]" in text
+
+
+LANG_ERRORS = """\
+tile early(x):
+    out = empty_like(x)
+    for t in tiles(x.shape[0]):
+        return out
+    return out
+
+tile unknown(x):
+    return nope
+
+tile attr(x):
+    return x.nope
+
+tile badcall(x):
+    return exp(x, x, x)
+"""
+
+
+@pytest.mark.parametrize("name,eager,message", [
+    ("early", False, "`return` belongs to the host code"), ("early", True, "`return` belongs to the host code"),
+    ("unknown", True, "unknown name 'nope'"), ("attr", True, "no attribute 'nope'"),
+    ("badcall", True, r"exp\(\): .* positional arguments"),
+])
+def test_errors_of_the_host_code_and_the_oracle(name, eager, message):
+    fn = getattr(deuteron.compile(LANG_ERRORS, "errs.nk"), name)
+    with pytest.raises(NkError, match=message):
+        fn(rand(100), eager=eager, config=dict(block_t=32))
+    with pytest.raises(AttributeError, match="no tile program 'missing'"):
+        deuteron.compile(LANG_ERRORS, "errs.nk").missing
+    assert repr(fn) == f"<deuteron tile program {name} from errs.nk>"
+
+
+def test_short_circuits_and_floor_division():
+    fn = deuteron.compile("""\
+tile halve(x, a, b):
+    out = empty_like(x)
+    for t in tiles(x.shape[0]):
+        if a > 0 and b > 0:
+            out[t] = x[t] // 0.5
+        else:
+            out[t] = x[t]
+    return out
+""", "halve.nk").halve
+    x = rand(100) * 4
+    for a, b in ((1, 2), (0, 2)):
+        want = torch.floor(x / 0.5) if a and b else x
+        close(fn(x, a, b, eager=True), want, x.dtype)
+        close(fn(x, a, b, config=dict(block_t=32)), want, x.dtype)

@@ -95,6 +95,15 @@ def test_not_found_lists_where_it_looked(tmp_path, monkeypatch):
     assert "pip install nvidia-cuda-nvrtc" in text
 
 
+def test_identity_names_the_library_without_loading_it(monkeypatch):
+    """A cubin's cache key takes NVRTC's identity: a warm process finds its cubins without loading NVRTC."""
+    want = nvrtc.identity()
+    nvrtc.identity.cache_clear()
+    monkeypatch.setattr(nvrtc, "_load", lambda: pytest.fail("identity() loaded NVRTC"))
+    monkeypatch.setattr(nvrtc, "_lib", None)
+    assert nvrtc.identity() == want and "libnvrtc.so" in want
+
+
 def test_driver_imports_without_gpu():
     assert driver.CudaError.__mro__[1] is NkError
     if not _has_libcuda():
