@@ -690,13 +690,15 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
 
 
 # ---- attention ----------------------------------------------------------------------------------------
-def _attention_blocks(d: int, rows: int, keys: int, kv_program: bool) -> dict:
-    """Blocks by head dim, 8 warps: a program's f32 accumulators ([BM, D] for O or dQ, [BN, D] twice for dK
-    and dV) hold 64 values per thread, what the forward's 128x64 tile at D 128 keeps (measured best on an
-    H200); the streamed block is half as long (a quarter for dK/dV at D 256). Blocks shrink to cover short
-    sequences (16: a tensor-core step)."""
-    held, streamed = min(128, (8192 if kv_program else 16384) // d), min(64, 8192 // d)
-    bm, bn = (streamed, held) if kv_program else (held, streamed)
+def _attention_blocks(d: int, rows: int, keys: int, kernel: str) -> dict:
+    """Blocks by head dim, 8 warps. The block a program holds (queries for the forward and dQ, keys for dK/dV)
+    keeps its f32 accumulators ([BM, D], or two [BN, D]) at 64 values per thread, as the forward's 128x64
+    tile at D 128 does (measured best on an H200). The streamed block is as long as the other live tiles
+    leave registers for: fewer as D grows, and in dQ (dO and dP live) and dK/dV (K, V, dO, dS) than in the
+    forward; NVRTC spills on sm_80 past these. Blocks shrink to cover short sequences (16: a tensor-core step)."""
+    held = min(128, (8192 if kernel == "dkdv" else 16384) // d)
+    streamed = max(16, min(64, {"fwd": 8192, "dq": 4096, "dkdv": 2048}[kernel] // d))
+    bm, bn = (streamed, held) if kernel == "dkdv" else (held, streamed)
     return dict(BM=min(bm, max(16, _pow2(rows))), BN=min(bn, max(16, _pow2(keys))), D=d, num_warps=8,
                 num_stages=3 if d == 64 else 2)
 
@@ -728,7 +730,7 @@ def _strides(*ts: Tensor) -> tuple:
 def _attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
     (b, h, lq, d), (hk, lk) = q.shape, k.shape[1:3]
     o, lse = _like(q)[0], q.new_empty((b, h, lq), dtype=torch.float32)
-    cfg = _attention_blocks(d, lq, lk, False)
+    cfg = _attention_blocks(d, lq, lk, "fwd")
     _stdlib("attention").attention_fwd[(_cdiv(lq, cfg["BM"]), b * h)](
         q, k, v, o, lse, lq, lk, h, hk, scale, *_strides(q, k, v, o), CAUSAL=causal, **cfg)
     return o, lse
@@ -742,7 +744,7 @@ def _attention_backward(g: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, l
     (b, h, lq, d), (hk, lk) = q.shape, k.shape[1:3]
     dq, dk, dv = _like(q)[0], _like(k)[0], _like(v)[0]
     delta = torch.empty_like(lse)
-    qcfg, kcfg = _attention_blocks(d, lq, lk, False), _attention_blocks(d, lq, lk, True)
+    qcfg, kcfg = _attention_blocks(d, lq, lk, "dq"), _attention_blocks(d, lq, lk, "dkdv")
     mod.attention_bwd_pre[(_cdiv(lq, qcfg["BM"]), b * h)](o, g, delta, lq, h, *_strides(o, g), BM=qcfg["BM"], D=d)
     mod.attention_bwd_dkdv[(_cdiv(lk, kcfg["BN"]), b * hk)](q, k, v, g, lse, delta, dk, dv, lq, lk, h, hk, scale,
                                                             *_strides(q, k, v, g, dk, dv), CAUSAL=causal, **kcfg)

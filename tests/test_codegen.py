@@ -105,6 +105,22 @@ def attention(label, dt, d, causal, bm, bn, warps, stages, *expect):
 MMA = ("sm_80:HMMA", "sm_80:LDSM", "sm_90a:HGMMA", "LDGSTS", "BAR.SYNC")
 
 
+def attention_launched(kernel, label, dt, d, causal, *expect):
+    """An attention kernel as newtc.ops.attention launches it on contiguous (B, H, 4096, D) tensors: its
+    parameters typed from the source (lse and delta f32, the other tensors dt), blocks from ops' rule."""
+    module = syntax.parse((STDLIB / "attention.nk").read_text())
+    params = [p.name for p in next(x for x in module.defs if x.name == kernel).params if p.default is None and
+              not (p.annotation and getattr(p.annotation, "id", "") == "constexpr")]
+    sig = {n: Ptr(f32) if n in ("lse", "delta") else f32 if n == "scale" else i32 if n[0] in "LHs" else Ptr(dt)
+           for n in params}
+    which = kernel.rsplit("_", 1)[-1]
+    cfg = ops._attention_blocks(d, 4096, 4096, "dq" if which == "pre" else which)  # delta takes dQ's rows
+    nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
+    consts = {"BM": cfg["BM"], "D": d} if kernel == "attention_bwd_pre" else {**cfg, "CAUSAL": causal}
+    return spec("attention", kernel, label, sig, consts, nw, *expect, aligned=[n for n in sig if n != "scale"],
+                num_stages=ns)
+
+
 def transpose_sig(dt):
     return {**ptrs(dt, "x", "out"), "M": i32, "N": i32, "x_stride": i32, "out_stride": i32}
 
@@ -191,6 +207,13 @@ SPECS = [
     # P stays in the registers S was computed in on sm_80; on sm_90a both products are wgmma
     attention("f16-d128", f16, 128, False, 128, 64, 8, 2, *MMA),
     attention("bf16-d64-causal", bf16, 64, True, 128, 64, 8, 3, *MMA),
+    attention_launched("attention_fwd", "f16-d256", f16, 256, True, *MMA),
+    # the backward pass: delta, then dK/dV and dQ at each head dim (every dot on the tensor cores)
+    attention_launched("attention_bwd_pre", "bf16-d128", bf16, 128, False, "LDG.E.128", *RED),
+    *(attention_launched(kernel, f"{dt.name}-d{d}" + ("-causal" if causal else ""), dt, d, causal,
+                         "sm_80:HMMA", "sm_90a:HGMMA", "LDGSTS", "BAR.SYNC")
+      for kernel in ("attention_bwd_dkdv", "attention_bwd_dq")
+      for dt, d, causal in ((f16, 64, True), (bf16, 128, False), (f16, 256, True))),
 ]
 
 
@@ -291,6 +314,20 @@ def test_transpose_store_is_vectorized():
              aligned=transpose_sig(f32))
     ops_ = opcodes(compiled(s, "sm_90a")[1])
     assert has(ops_, "STG.E.128"), sorted(ops_)
+
+
+@pytest.mark.parametrize("s", [s for s in SPECS if s.file == "attention" and s.kernel != "attention_bwd_pre"],
+                         ids=lambda s: s.id)
+def test_attention_dots_on_tensor_cores(s):
+    """Every dot of the attention kernels, transposed operands included, runs on mma.sync (sm_80) or wgmma or
+    mma.sync (sm_90a), never on the FMA fallback."""
+    from newtc import ir
+    module, _ = stdlib_module(s.file)
+    for arch in ARCHS:
+        spec_ = compiler.Spec(s.sig, s.consts, s.num_warps, s.num_stages, aligned=s.aligned, ones=s.ones, arch=arch)
+        dots = [op for op in ir.walk(compiler.compile(module, s.kernel, spec_, until="ir").kernel.body)
+                if op.kind == "dot"]
+        assert dots and all("mma" in op.attrs or "wgmma" in op.attrs for op in dots), (arch, len(dots))
 
 
 def test_generated_kernel_shape():
