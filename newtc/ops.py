@@ -693,10 +693,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
 def _attention_blocks(d: int, rows: int, keys: int, kernel: str) -> dict:
     """Blocks by head dim, 8 warps. The block a program holds (queries for the forward and dQ, keys for dK/dV)
     keeps its f32 accumulators ([BM, D], or two [BN, D]) at 64 values per thread, as the forward's 128x64
-    tile at D 128 does (measured best on an H200). The streamed block is as long as the other live tiles
-    leave registers for: fewer as D grows, and in dQ (dO and dP live) and dK/dV (K, V, dO, dS) than in the
-    forward; NVRTC spills on sm_80 past these. Blocks shrink to cover short sequences (16: a tensor-core step)."""
-    held = min(128, (8192 if kernel == "dkdv" else 16384) // d)
+    tile at D 128 does (measured best on an H200), and at least 64 rows (wgmma's M; fewer spill more at D
+    256). The streamed block is as long as the other live tiles leave registers for: fewer as D grows, and
+    in dQ (dO and dP live) and dK/dV (K, V, dO, dS) than in the forward; NVRTC spills past these (at D 256
+    and for dK/dV at D 128 on sm_80 it spills anyway). Blocks shrink to cover short sequences (16: a
+    tensor-core step)."""
+    held = min(128, max(64, (8192 if kernel == "dkdv" else 16384) // d))
     streamed = max(16, min(64, {"fwd": 8192, "dq": 4096, "dkdv": 2048}[kernel] // d))
     bm, bn = (streamed, held) if kernel == "dkdv" else (held, streamed)
     return dict(BM=min(bm, max(16, _pow2(rows))), BN=min(bn, max(16, _pow2(keys))), D=d, num_warps=8,
@@ -716,7 +718,8 @@ def _attention_args(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float 
                       f"256, got {q.dtype}, {k.dtype}, {v.dtype} and D {q.shape[3]}")
     if 0 in q.shape or 0 in k.shape:
         raise NkError(f"attention takes non-empty tensors, got {list(q.shape)} and {list(k.shape)}")
-    return *(_unit_last(t) for t in (q, k, v)), bool(causal), 1 / math.sqrt(q.shape[3]) if scale is None else scale
+    scale = 1 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    return *(_unit_last(t) for t in (q, k, v)), bool(causal), scale
 
 
 def _unit_last(t: Tensor) -> Tensor:
