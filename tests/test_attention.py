@@ -150,7 +150,7 @@ def test_ops_attention_compiles(device):
     k, v = (torch.randn(1, 2, 20, 64, device=device).half().requires_grad_() for _ in range(2))
     compiled(q, k, v).backward()
     got = [t.grad for t in (q, k, v)]
-    _, want = sdpa_grads(q, k, v, 2 * ops.attention(q, k, v, causal=True).float(), True)
+    _, want = sdpa_grads(q, k, v, 2 * ops.attention(q, k, v, causal=True).detach().float(), True)  # d(o^2) = 2o
     grads_close(got, want, torch.float16, "compiled")
 
 
