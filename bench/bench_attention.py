@@ -1,5 +1,7 @@
-"""Flash attention forward: newt (stdlib/attention.nk) against torch's scaled_dot_product_attention with the
-flash and cuDNN backends, f16, TFLOP/s (4 * B * H * L^2 * D, halved when causal).
+"""Flash attention, forward and backward: newt (stdlib/attention.nk through newtc.ops) against torch's
+scaled_dot_product_attention (flash and cuDNN backends) and a Triton fused-attention pair in the style of
+Triton's tutorial 06 (bench/triton_kernels.py, autotuned), f16, TFLOP/s. Forward FLOPs: 4 * B * H * L^2 * D;
+backward: 2.5x the forward's (FlashAttention's count); both halved when causal.
 
     python bench/bench_attention.py [--quick]
 """
@@ -9,10 +11,26 @@ import math
 import sys
 
 import common
-from common import Table, bench, check_close, failure, ratio
+from common import Table, Wrong, bench, check_close, failure, ratio
 
 CASES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (8, 16, 4096, 64, False)]
-CONFIG = {128: (128, 64, 8, 2), 64: (128, 64, 8, 3)}  # D -> BM, BN, warps, stages
+
+
+def close_grads(got, want, tol: float = 2e-2) -> None:
+    """Each gradient's relative (Frobenius) error under tol: elementwise bounds suit gradients poorly, whose
+    entries span orders of magnitude."""
+    for name, x, r in zip(("dq", "dk", "dv"), got, want):
+        err = ((x.float() - r.float()).norm() / r.float().norm()).item()
+        if not err < tol:
+            raise Wrong(f"{name}: relative error {err:.2g}")
+
+
+def timed(fn, check, quick: bool) -> float | str:
+    try:
+        check(fn())
+        return bench(fn, quick)
+    except Exception as e:  # one missing backend must not hide the rest
+        return failure(e)
 
 
 def run(quick: bool):
@@ -20,46 +38,63 @@ def run(quick: bool):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from newtc import ops
-    mod = ops._stdlib("attention")
-    rows = []
+    try:
+        import triton_kernels as tk
+    except ImportError as e:  # no Triton: its columns say so
+        tk, missing = None, failure(e)
+    fwd_rows, bwd_rows = [], []
     for b, h, n, d, causal in CASES:
-        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16) for _ in range(3))
-        o = torch.empty_like(q)
-        lse = torch.empty(b, h, n, device="cuda")
-        bm, bn, warps, stages = CONFIG[d]
+        q, k, v, g = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16) for _ in range(4))
+        scale = 1 / math.sqrt(d)
+        qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            ref_out = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
+        ref = ref_out.detach().float()
 
-        def newt():
-            mod.attention_fwd[(-(-n // bm), b * h)](q, k, v, o, lse, n, n, h, h, 1 / math.sqrt(d), *q.stride()[:3],
-                                                    *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], BM=bm, BN=bn,
-                                                    D=d, CAUSAL=causal, num_warps=warps, num_stages=stages)
-            return o
-        ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal).float()
+        def sdpa_backward():  # the flash backend's backward kernel, recorded with ref_out
+            return torch.autograd.grad(ref_out, (qr, kr, vr), g, retain_graph=True)
+        ref_grads = sdpa_backward()
+
+        def sdpa(backend):
+            def fn():
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return fn
+
+        o, lse = ops._attention_forward(q, k, v, causal, scale)
+        fwd = {"newt": lambda: ops._attention_forward(q, k, v, causal, scale)[0],
+               "flash": sdpa(SDPBackend.FLASH_ATTENTION), "cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION)}
+        bwd = {"newt": lambda: ops._attention_backward(g, q, k, v, o, lse, causal, scale), "flash": sdpa_backward}
+        if tk is not None:
+            o_t, lse_t = tk.attention_forward(q, k, v, causal, scale)
+            fwd["Triton"] = lambda: tk.attention_forward(q, k, v, causal, scale)[0]
+            bwd["Triton"] = lambda: tk.attention_backward(g, q, k, v, o_t, lse_t, causal, scale)
         flops = 4 * b * h * n * n * d / (2 if causal else 1)
-        times = {}
-        for name, fn in (("newt", newt), ("flash", SDPBackend.FLASH_ATTENTION), ("cuDNN", SDPBackend.CUDNN_ATTENTION)):
-            try:
-                if not callable(fn):
-                    backend = fn
-
-                    def fn(backend=backend):
-                        with sdpa_kernel(backend):
-                            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                check_close(fn().float(), ref, rtol=2e-2, atol=2e-2)
-                times[name] = bench(fn, quick)
-            except Exception as e:  # one missing backend must not hide the rest
-                times[name] = failure(e)
-        tf = {name: flops / t / 1e9 if isinstance(t, float) else t for name, t in times.items()}
-        rows.append({"case": f"B{b} H{h} L{n} D{d}" + (" causal" if causal else ""), "newt TFLOP/s": tf["newt"],
-                     "flash TFLOP/s": tf["flash"], "cuDNN TFLOP/s": tf["cuDNN"],
-                     "newt/flash": ratio(times["flash"], times["newt"]), "newt/cuDNN": ratio(times["cuDNN"], times["newt"])})
-        print(rows[-1], flush=True)
-    yield Table("attention forward, f16 (ratios are speed: above 1, newt is faster)", rows)
+        label = f"B{b} H{h} L{n} D{d}" + (" causal" if causal else "")
+        for rows, fns, check, work in ((fwd_rows, fwd, lambda out: check_close(out.float(), ref, 2e-2, 2e-2), flops),
+                                       (bwd_rows, bwd, lambda out: close_grads(out, ref_grads), 2.5 * flops)):
+            times = {name: timed(fn, check, quick) for name, fn in fns.items()}
+            times.setdefault("Triton", missing if tk is None else "-")
+            times.setdefault("cuDNN", "-")
+            row = {"case": label, **{f"{name} TFLOP/s": work / t / 1e9 if isinstance(t, float) else t
+                                     for name, t in times.items()}}
+            row.update({"newt/flash": ratio(times["flash"], times["newt"]),
+                        "newt/Triton": ratio(times["Triton"], times["newt"])})
+            if rows is fwd_rows:
+                row["newt/cuDNN"] = ratio(times["cuDNN"], times["newt"])
+            else:
+                del row["cuDNN TFLOP/s"]
+            rows.append(row)
+            print(row, flush=True)
+    yield Table("attention forward, f16 (ratios are speed: above 1, newt is faster)", fwd_rows)
+    yield Table("attention backward (dQ, dK, dV from O and the log-sum-exp), f16", bwd_rows)
 
 
 if __name__ == "__main__":
     if not common.cuda_available():
         print("no CUDA GPU: nothing to benchmark")
         sys.exit(0)
-    for t in run("--quick" in sys.argv):
+    tables = list(run("--quick" in sys.argv))
+    for t in tables:
         print(t.markdown() + "\n")
-        common.write("attention.md", t.markdown())
+    common.write("attention.md", "\n\n".join(t.markdown() for t in tables))

@@ -687,3 +687,108 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     else:
         mod.matmul_bias[grid](a, b, c, bias.contiguous(), m, n, k, *strides, GROUP_M=8, ACTIVATION=act, **cfg)
     return c
+
+
+# ---- attention ----------------------------------------------------------------------------------------
+def _attention_blocks(d: int, rows: int, keys: int, kernel: str) -> dict:
+    """Blocks by head dim, 8 warps. The block a program holds (queries for the forward and dQ, keys for dK/dV)
+    keeps its f32 accumulators ([BM, D], or two [BN, D]) at 64 values per thread, as the forward's 128x64
+    tile at D 128 does (measured best on an H200), and at least 64 rows (wgmma's M; fewer spill more at D
+    256). The streamed block is as long as the other live tiles leave registers for: fewer as D grows, and
+    in dQ (dO and dP live) and dK/dV (K, V, dO, dS) than in the forward; NVRTC spills past these (at D 256
+    and for dK/dV at D 128 on sm_80 it spills anyway). Blocks shrink to cover short sequences (16: a
+    tensor-core step)."""
+    held = min(128, max(64, (8192 if kernel == "dkdv" else 16384) // d))
+    streamed = max(16, min(64, {"fwd": 8192, "dq": 4096, "dkdv": 2048}[kernel] // d))
+    bm, bn = (streamed, held) if kernel == "dkdv" else (held, streamed)
+    return dict(BM=min(bm, max(16, _pow2(rows))), BN=min(bn, max(16, _pow2(keys))), D=d, num_warps=8,
+                num_stages=3 if d == 64 else 2)
+
+
+def _attention_args(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None):
+    """The checked (B, H, L, D) inputs, with a unit last stride (else copied) and the scale."""
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise NkError(f"attention takes q (B, H, L_q, D) and k, v (B, H_kv, L_k, D), got {list(q.shape)}, "
+                      f"{list(k.shape)}, {list(v.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise NkError(f"attention: the {q.shape[1]} query heads must be a multiple of the {k.shape[1]} K/V heads")
+    if q.shape[3] not in (64, 128, 256) or q.dtype not in (torch.float16, torch.bfloat16) or \
+            not q.dtype == k.dtype == v.dtype or not q.device == k.device == v.device:
+        raise NkError(f"attention takes f16 or bf16 q, k, v of one dtype on one device with head dim 64, 128 or "
+                      f"256, got {q.dtype}, {k.dtype}, {v.dtype} and D {q.shape[3]}")
+    if 0 in q.shape or 0 in k.shape:
+        raise NkError(f"attention takes non-empty tensors, got {list(q.shape)} and {list(k.shape)}")
+    scale = 1 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    return *(_unit_last(t) for t in (q, k, v)), bool(causal), scale
+
+
+def _unit_last(t: Tensor) -> Tensor:
+    return t if t.stride(3) == 1 else t.contiguous()
+
+
+def _strides(*ts: Tensor) -> tuple:
+    return tuple(s for t in ts for s in t.stride()[:3])
+
+
+def _attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    (b, h, lq, d), (hk, lk) = q.shape, k.shape[1:3]
+    o, lse = _like(q)[0], q.new_empty((b, h, lq), dtype=torch.float32)
+    cfg = _attention_blocks(d, lq, lk, "fwd")
+    _stdlib("attention").attention_fwd[(_cdiv(lq, cfg["BM"]), b * h)](
+        q, k, v, o, lse, lq, lk, h, hk, scale, *_strides(q, k, v, o), CAUSAL=causal, **cfg)
+    return o, lse
+
+
+def _attention_backward(g: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool,
+                        scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """delta = rowsum(dO * O), then dK and dV (a program per key block, summing the query heads of its group),
+    then dQ."""
+    mod, g = _stdlib("attention"), _unit_last(g)
+    (b, h, lq, d), (hk, lk) = q.shape, k.shape[1:3]
+    dq, dk, dv = _like(q)[0], _like(k)[0], _like(v)[0]
+    delta = torch.empty_like(lse)
+    qcfg, kcfg = _attention_blocks(d, lq, lk, "dq"), _attention_blocks(d, lq, lk, "dkdv")
+    mod.attention_bwd_pre[(_cdiv(lq, qcfg["BM"]), b * h)](o, g, delta, lq, h, *_strides(o, g), BM=qcfg["BM"], D=d)
+    mod.attention_bwd_dkdv[(_cdiv(lk, kcfg["BN"]), b * hk)](q, k, v, g, lse, delta, dk, dv, lq, lk, h, hk, scale,
+                                                            *_strides(q, k, v, g, dk, dv), CAUSAL=causal, **kcfg)
+    mod.attention_bwd_dq[(_cdiv(lq, qcfg["BM"]), b * h)](q, k, v, g, lse, delta, dq, lq, lk, h, hk, scale,
+                                                          *_strides(q, k, v, g, dq), CAUSAL=causal, **qcfg)
+    return dq, dk, dv
+
+
+class _Attention(torch.autograd.Function):
+    """Eager autograd, and the autograd of the custom op torch.ops.newt.attention (the same two methods)."""
+    @staticmethod
+    def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+        return _attention_forward(q, k, v, causal, scale)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:3], *output)
+        ctx.causal, ctx.scale = inputs[3:]
+        ctx.mark_non_differentiable(output[1])
+
+    @staticmethod
+    def backward(ctx, g: Tensor, _lse_grad):  # through the op, so that a traced backward stays one node
+        return *torch.ops.newt.attention_backward(g, *ctx.saved_tensors, ctx.causal, ctx.scale), None, None
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: float | None = None) -> Tensor:
+    """Flash attention, softmax(q k^T * scale) v, differentiable: (B, H, L_q, D) queries, (B, H_kv, L_k, D) keys
+    and values with H_kv dividing H (GQA/MQA), f16 or bf16, D 64, 128 or 256; scale defaults to 1/sqrt(D).
+    Causal masks align at the bottom right (query i sees keys up to i + L_k - L_q). Tensors whose last
+    dimension is strided are copied."""
+    q, k, v, causal, scale = _attention_args(q, k, v, causal, scale)
+    if torch.compiler.is_compiling():
+        return torch.ops.newt.attention(q, k, v, causal, scale)[0]
+    return _Attention.apply(q, k, v, causal, scale)[0]
+
+
+def _fake_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    return _like(q)[0], q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+torch.library.custom_op("newt::attention", _attention_forward, mutates_args=()).register_fake(_fake_attention)
+torch.library.custom_op("newt::attention_backward", _attention_backward, mutates_args=()).register_fake(
+    lambda g, q, k, v, o, lse, causal, scale: (_like(q)[0], _like(k)[0], _like(v)[0]))
+torch.library.register_autograd("newt::attention", _Attention.backward, setup_context=_Attention.setup_context)

@@ -2,11 +2,13 @@
 GPU (marker gpu) on the shapes people run, odd lengths, causal, GQA, head dims 64 and 128. O and the
 log-sum-exp start as NaN."""
 import math
+import re
 
 import pytest
 import torch
 
 import newtc
+from newtc import ops
 from newtc.paths import data_dir
 
 
@@ -55,3 +57,111 @@ def test_attention_forward(device, dtype):
         err = ((o.double() - ref).norm() / ref.norm()).item()
         assert torch.isfinite(o).all() and err < (5e-3 if dtype == torch.float16 else 2e-2), (lq, lk, d, causal, err)
         assert (lse.double() - lse_ref).abs().max().item() < 1e-3
+
+
+# ---- the backward pass: the three kernels with gradients poisoned, then ops.attention end to end ----------
+def sdpa_grads(q, k, v, g, causal, scale=None):
+    """O and (dq, dk, dv) of torch's math SDPA in f32 (autograd on f32 copies; GQA by repeating K and V)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    group, (lq, lk) = q.shape[1] // k.shape[1], (q.shape[2], k.shape[2])
+    mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq) if causal else None
+    with sdpa_kernel(SDPBackend.MATH):
+        o = torch.nn.functional.scaled_dot_product_attention(qf, kf.repeat_interleave(group, 1),
+                                                             vf.repeat_interleave(group, 1), attn_mask=mask,
+                                                             scale=scale)
+    o.backward(g.float())
+    return o.detach(), (qf.grad, kf.grad, vf.grad)
+
+
+def backward(q, k, v, o, lse, g, causal):
+    """The three backward kernels as ops.attention launches them, on gradients poisoned with NaN."""
+    mod = newtc.load(data_dir("stdlib") / "attention.nk")
+    (b, h, lq, d), hk, lk = q.shape, k.shape[1], k.shape[2]
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    delta = torch.full_like(lse, float("nan"))
+    qcfg, kcfg = ops._attention_blocks(d, lq, lk, "dq"), ops._attention_blocks(d, lq, lk, "dkdv")
+    mod.attention_bwd_pre[(-(-lq // qcfg["BM"]), b * h)](o, g, delta, lq, h, *o.stride()[:3], *g.stride()[:3],
+                                                          BM=qcfg["BM"], D=d)
+    assert torch.allclose(delta, (o.float() * g.float()).sum(-1), rtol=1e-4, atol=1e-4)
+    strides = [s for t in (q, k, v, g) for s in t.stride()[:3]]
+    mod.attention_bwd_dkdv[(-(-lk // kcfg["BN"]), b * hk)](q, k, v, g, lse, delta, dk, dv, lq, lk, h, hk,
+                                                            1 / math.sqrt(d), *strides, *dk.stride()[:3],
+                                                            *dv.stride()[:3], CAUSAL=causal, **kcfg)
+    mod.attention_bwd_dq[(-(-lq // qcfg["BM"]), b * h)](q, k, v, g, lse, delta, dq, lq, lk, h, hk, 1 / math.sqrt(d),
+                                                        *strides, *dq.stride()[:3], CAUSAL=causal, **qcfg)
+    return dq, dk, dv
+
+
+GRAD_TOL = {torch.float16: 1e-2, torch.bfloat16: 4e-2}  # relative (Frobenius) error of a gradient: P and dS
+# go through the input dtype on their way into the tensor cores, as in every flash attention backward
+
+BACKWARD_CASES = {  # (B, H, H_kv, L_q, L_k, D, causal)
+    "cpu": [(1, 2, 1, 1, 17, 64, True), (1, 2, 2, 17, 17, 64, False), (1, 4, 2, 33, 33, 64, True),
+            (1, 2, 1, 17, 33, 64, True), (1, 2, 2, 33, 17, 64, False)],
+    "cuda": [(2, 4, 4, 1000, 1000, 64, False), (1, 8, 2, 4097, 4097, 128, True), (2, 2, 1, 1, 333, 64, False),
+             (1, 4, 4, 17, 1024, 128, True), (1, 4, 1, 1000, 1000, 256, True), (1, 2, 2, 4097, 4097, 64, False),
+             (1, 4, 2, 1000, 1017, 256, False), (1, 2, 1, 17, 17, 128, False)],
+}
+
+
+def grads_close(got, want, dtype, label):
+    for name, x, r in zip(("dq", "dk", "dv"), got, want):
+        err = ((x.float() - r).norm() / r.norm()).item()
+        assert torch.isfinite(x).all() and err < GRAD_TOL[dtype], (label, name, err)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_attention_backward(device, dtype):
+    for b, h, hk, lq, lk, d, causal in BACKWARD_CASES[device]:
+        q, g = (torch.randn(b, h, lq, d, device=device).to(dtype) for _ in range(2))
+        k, v = (torch.randn(b, hk, lk, d, device=device).to(dtype) for _ in range(2))
+        o, lse = ops._attention_forward(q, k, v, causal, 1 / math.sqrt(d))
+        want_o, want = sdpa_grads(q, k, v, g, causal)
+        assert ((o.float() - want_o).norm() / want_o.norm()).item() < GRAD_TOL[dtype]  # ops' forward blocks
+        grads_close(backward(q, k, v, o, lse, g, causal), want, dtype, (lq, lk, d, causal))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_ops_attention_trains(device):
+    """ops.attention under loss.backward(): strided views (q transposed from (B, L, H, D), k sliced along L, v
+    with a strided last dim, which is copied), GQA, a scale, causal and not."""
+    for dtype, causal, (lq, lk) in [(torch.float16, True, (17, 33)), (torch.bfloat16, False, (33, 17))]:
+        q = torch.randn(1, lq, 4, 64, device=device).to(dtype).transpose(1, 2).requires_grad_()
+        k = torch.randn(1, 2, 64, 64, device=device).to(dtype)[:, :, :lk].requires_grad_()
+        v = torch.randn(1, 2, 64, lk, device=device).to(dtype).transpose(2, 3).requires_grad_()
+        w = torch.randn(1, 4, lq, 64, device=device)
+        o = ops.attention(q, k, v, causal=causal, scale=0.3)
+        (o.float() * w).sum().backward()
+        want_o, want = sdpa_grads(q, k, v, w, causal, scale=0.3)
+        assert ((o.float() - want_o).norm() / want_o.norm()).item() < GRAD_TOL[dtype]
+        grads_close((q.grad, k.grad, v.grad), want, dtype, causal)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_ops_attention_compiles(device):
+    """torch.compile traces ops.attention and its backward as the custom ops newt::attention(_backward), without
+    a graph break (fullgraph); inductor on the GPU, the AOT-autograd trace alone on the CPU (no C++ compiler)."""
+    def loss(q, k, v):
+        return ops.attention(q, k, v, causal=True).float().square().sum()
+    compiled = torch.compile(loss, backend="inductor" if device == "cuda" else "aot_eager", fullgraph=True)
+    q = torch.randn(1, 4, 17, 64, device=device).half().requires_grad_()
+    k, v = (torch.randn(1, 2, 20, 64, device=device).half().requires_grad_() for _ in range(2))
+    compiled(q, k, v).backward()
+    got = [t.grad for t in (q, k, v)]
+    _, want = sdpa_grads(q, k, v, 2 * ops.attention(q, k, v, causal=True).detach().float(), True)  # d(o^2) = 2o
+    grads_close(got, want, torch.float16, "compiled")
+
+
+@pytest.mark.parametrize("shapes,dtype,message", [
+    (((2, 4, 8, 64), (2, 4, 8, 64), (2, 4, 9, 64)), torch.float16, "attention takes q (B, H, L_q, D)"),
+    (((4, 8, 64), (4, 8, 64), (4, 8, 64)), torch.float16, "attention takes q (B, H, L_q, D)"),
+    (((1, 6, 8, 64), (1, 4, 8, 64), (1, 4, 8, 64)), torch.float16, "query heads must be a multiple"),
+    (((1, 4, 8, 96), (1, 4, 8, 96), (1, 4, 8, 96)), torch.float16, "head dim 64, 128 or 256"),
+    (((1, 4, 8, 64), (1, 4, 8, 64), (1, 4, 8, 64)), torch.float32, "f16 or bf16"),
+    (((1, 4, 0, 64), (1, 4, 8, 64), (1, 4, 8, 64)), torch.float16, "non-empty"),
+])
+def test_ops_attention_rejects(shapes, dtype, message):
+    with pytest.raises(newtc.NkError, match=re.escape(message)):
+        ops.attention(*(torch.randn(s).to(dtype) for s in shapes))

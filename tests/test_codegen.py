@@ -105,10 +105,35 @@ def attention(label, dt, d, causal, bm, bn, warps, stages, *expect):
 MMA = ("sm_80:HMMA", "sm_80:LDSM", "sm_90a:HGMMA", "LDGSTS", "BAR.SYNC")
 
 
+def attention_launched(kernel, label, dt, d, causal, *expect):
+    """An attention kernel as newtc.ops.attention launches it on contiguous (B, H, 4096, D) tensors: its
+    parameters typed from the source (lse and delta f32, the other tensors dt), blocks from ops' rule."""
+    module = syntax.parse((STDLIB / "attention.nk").read_text())
+    params = [p.name for p in next(x for x in module.defs if x.name == kernel).params if p.default is None and
+              not (p.annotation and getattr(p.annotation, "id", "") == "constexpr")]
+    sig = {n: Ptr(f32) if n in ("lse", "delta") else f32 if n == "scale" else i32 if n[0] in "LHs" else Ptr(dt)
+           for n in params}
+    which = kernel.rsplit("_", 1)[-1]
+    cfg = ops._attention_blocks(d, 4096, 4096, "dq" if which == "pre" else which)  # delta takes dQ's rows
+    nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
+    consts = {"BM": cfg["BM"], "D": d} if kernel == "attention_bwd_pre" else {**cfg, "CAUSAL": causal}
+    return spec("attention", kernel, label, sig, consts, nw, *expect, aligned=[n for n in sig if n != "scale"],
+                num_stages=ns)
+
+
 def transpose_sig(dt):
     return {**ptrs(dt, "x", "out"), "M": i32, "N": i32, "x_stride": i32, "out_stride": i32}
 
 
+BWD = ("sm_80:HMMA", "sm_90a:HGMMA", "LDGSTS", "BAR.SYNC")
+# (spec, arch) that compile and run on the tensor cores but spill, kept out of SPECS (whose test forbids it), at
+# every block size tried: the backward kernels at D 256 on both archs (70 to 430 local loads on sm_90a), dK/dV at
+# D 128 on sm_80 (1 to 8). Each holds two [rows, D] tiles (K and V, or Q and dO) as register operands beside its
+# f32 accumulators.
+ATTENTION_SPILLING = [
+    *((attention_launched(kernel, "f16-d256-causal", f16, 256, True), arch)
+      for kernel in ("attention_bwd_dkdv", "attention_bwd_dq") for arch in ARCHS),
+    (attention_launched("attention_bwd_dkdv", "bf16-d128", bf16, 128, False), "sm_80")]
 VEC = ("LDG.E.128", "STG.E.128")
 RED = ("SHFL.BFLY",)
 SMEM = ("STS", "LDS", "BAR.SYNC")
@@ -191,6 +216,14 @@ SPECS = [
     # P stays in the registers S was computed in on sm_80; on sm_90a both products are wgmma
     attention("f16-d128", f16, 128, False, 128, 64, 8, 2, *MMA),
     attention("bf16-d64-causal", bf16, 64, True, 128, 64, 8, 3, *MMA),
+    attention_launched("attention_fwd", "f16-d256", f16, 256, True, *MMA),
+    # the backward pass: delta, then dK/dV and dQ at each head dim (every dot on the tensor cores)
+    attention_launched("attention_bwd_pre", "bf16-d128", bf16, 128, False, "LDG.E.128", *RED),
+    *(attention_launched(kernel, f"{dt.name}-d{d}" + ("-causal" if causal else ""), dt, d, causal, *BWD)
+      for kernel in ("attention_bwd_dkdv", "attention_bwd_dq")
+      for dt, d, causal in ((f16, 64, True), (bf16, 128, False)) if (kernel, d) != ("attention_bwd_dkdv", 128)),
+    dataclasses.replace(attention_launched("attention_bwd_dkdv", "bf16-d128", bf16, 128, False, *BWD),
+                        archs=("sm_90a",)),
 ]
 
 
@@ -291,6 +324,26 @@ def test_transpose_store_is_vectorized():
              aligned=transpose_sig(f32))
     ops_ = opcodes(compiled(s, "sm_90a")[1])
     assert has(ops_, "STG.E.128"), sorted(ops_)
+
+
+@pytest.mark.parametrize("s", [s for s in SPECS + [s for s, _ in ATTENTION_SPILLING] if s.file == "attention" and
+                               s.kernel != "attention_bwd_pre"], ids=lambda s: s.id)
+def test_attention_dots_on_tensor_cores(s):
+    """Every dot of the attention kernels, transposed operands included, runs on mma.sync (sm_80) or wgmma or
+    mma.sync (sm_90a), never on the FMA fallback."""
+    from newtc import ir
+    module, _ = stdlib_module(s.file)
+    for arch in ARCHS:
+        spec_ = compiler.Spec(s.sig, s.consts, s.num_warps, s.num_stages, aligned=s.aligned, ones=s.ones, arch=arch)
+        dots = [op for op in ir.walk(compiler.compile(module, s.kernel, spec_, until="ir").kernel.body)
+                if op.kind == "dot"]
+        assert dots and all("mma" in op.attrs or "wgmma" in op.attrs for op in dots), (arch, len(dots))
+
+
+@pytest.mark.parametrize("s,arch", ATTENTION_SPILLING, ids=lambda v: v.id if isinstance(v, Spec) else v)
+def test_attention_spilling_compiles(s, arch):
+    ops_ = opcodes(compiled(s, arch)[1])
+    assert has(ops_, "HMMA") or has(ops_, "HGMMA"), sorted(ops_)  # at 32 rows, below wgmma's 64: mma.sync
 
 
 def test_generated_kernel_shape():
