@@ -28,6 +28,13 @@ Every value has a Type (shape, dtype) and, after the layout pass, a Layout. Op k
   if          (cond)                  regions then, else; each ends in yield; results
   yield       (*values)
   print       (*values)          attrs prefix
+  scan        (*xs)              attrs axis, reverse; region (a..., b...) ending in a yield of the combined
+                                 values: inclusive scans of blocks of one shape, one result per block
+  exchange    (x)                attrs axis, xor               element i along axis becomes element i ^ xor
+  gather      (src, index)       attrs axis                    src's elements at index along axis
+  histogram   (x, mask|None)                                   i32[num_bins]: how many elements equal each bin
+  join        (a, b)                                           a new minor dim of 2: [..., 0] = a, [..., 1] = b
+  split       (x)                                              two results, x[..., 0] and x[..., 1]
 
 Made by the passes (the checker never emits them; the interpreter runs the IR before the passes):
   convert     (x)                                          the same block in another register layout
@@ -43,6 +50,7 @@ Made by the passes (the checker never emits them; the interpreter runs the IR be
                                                            tensor cores' (async proxy) reads
 reduce takes a scratch buffer as a second operand when warps meet along the axis; a scalar atomic
 takes one as its last operand (the old value reaches every thread through it).
+scan, exchange, gather and histogram take one as their last operand where data crosses warps.
 """
 from __future__ import annotations
 

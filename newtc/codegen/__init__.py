@@ -296,6 +296,10 @@ RULES = {"for": Codegen.loop, "if": Codegen.branch, "store": memory.store, "load
          "barrier": lambda cg, op: cg.emit("__syncthreads();"),
          "fence_async": lambda cg, op: cg.emit('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");')}
 
+from . import scan  # noqa: E402
+
+RULES.update(scan.RULES)
+
 GENERATED = re.compile(r"(nk_\w*|L\d+|\w+_\d+|__\w*|threadIdx|blockIdx|blockDim|gridDim|warpSize)")
 
 
