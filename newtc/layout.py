@@ -184,7 +184,6 @@ def vector(layout: Layout, itemsize: int) -> tuple[int, int]:
     return len(layout.shape) - 1, 1
 
 
-
 # ---- data that moves along an axis (scans, exchanges, joins) --------------------------------------------
 def axis_levels(layout: Layout, axis: int) -> list | None:
     """The register, lane or warp bit ("r" | "l" | "w", k) that holds each bit of the coordinate along
@@ -212,6 +211,7 @@ def pair(layout: Layout) -> Layout:
     def up(bases):
         return tuple(b << 1 for b in bases)
     return Layout(layout.shape + (2,), (1,) + up(layout.reg), up(layout.lane), up(layout.warp))
+
 
 # ---- shared memory ------------------------------------------------------------------------------------
 def solve(bases, target: int) -> int | None:

@@ -124,6 +124,19 @@ def test_scans(device, op, dtype):
 
 
 @pytest.mark.parametrize("device", devices())
+def test_cumsum_of_a_mask_counts_in_i32(device):
+    """Where each kept element goes when the kept ones are packed together (stream compaction)."""
+    mod = module("store(out + r * n_cols + c, cumsum(v > 0, axis=AXIS, reverse=REV) - 1, mask=m)")
+    for R, C, nr, nc, warps in SHAPES[device]:
+        for axis in (0, 1):
+            x = fresh((nr, nc), torch.float32, device)
+            out = poisoned((nr, nc), torch.int32, device)
+            launch(mod, device, x, out, x, R, C, warps, axis, axis == 1)
+            ref = (x > 0).int().flip(axis).cumsum(axis).flip(axis) if axis == 1 else (x > 0).int().cumsum(axis)
+            assert torch.equal(out, (ref - 1).int())
+
+
+@pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
 def test_associative_scan_of_a_tuple(device, dtype):
     """A running max and where it was (the first of ties), as torch.cummax."""
