@@ -105,7 +105,7 @@ def scan_dtype(op, dtype):
 
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("op", list(SCANS))
-@pytest.mark.parametrize("dtype", FLOATS + INTS + [torch.int8, torch.int16])
+@pytest.mark.parametrize("dtype", FLOATS + INTS + [torch.int8, torch.int16], ids=str)
 def test_scans(device, op, dtype):
     if op == "scan_add" and dtype in (torch.float16, torch.bfloat16):
         pytest.skip("a 16-bit float associative_scan rounds every partial sum: no torch reference")
@@ -137,7 +137,7 @@ def test_cumsum_of_a_mask_counts_in_i32(device):
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32], ids=str)
 def test_associative_scan_of_a_tuple(device, dtype):
     """A running max and where it was (the first of ties), as torch.cummax."""
     mod = module("""best, at = associative_scan((v, r * (1 - AXIS) + c * AXIS), AXIS, running_max, REV)
@@ -158,7 +158,7 @@ def test_associative_scan_of_a_tuple(device, dtype):
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64], ids=str)
 def test_scan_of_a_3d_block(device, dtype):
     mod = module("""y = reshape(v, [R // 4, 4, C])
     y = reshape(cumsum(y, axis=AXIS, reverse=REV), [R, C])
@@ -179,7 +179,7 @@ def full_along(axis, R, C, nr, nc):
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("dtype", FLOATS + INTS + [torch.int16])
+@pytest.mark.parametrize("dtype", FLOATS + INTS + [torch.int16], ids=str)
 def test_sort_and_flip(device, dtype):
     mod = module("""store(out + r * n_cols + c, sort(v, dim=AXIS, descending=REV), mask=m)
     store(aux + r * n_cols + c, flip(v, AXIS), mask=m)""")
@@ -196,7 +196,7 @@ def test_sort_and_flip(device, dtype):
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("dtype", FLOATS + INTS)
+@pytest.mark.parametrize("dtype", FLOATS + INTS, ids=str)
 def test_topk(device, dtype):
     for K in (1, 4, 16):
         mod = module(f"store(aux + r * {K} + arange(0, {K})[None, :], topk(v, {K}), mask=r < n_rows)")
@@ -211,8 +211,8 @@ def test_topk(device, dtype):
 
 # ---- gather, histogram ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("dtype", FLOATS + INTS)
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("dtype", FLOATS + INTS, ids=str)
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
 def test_gather(device, dtype, index_dtype):
     mod = module("""i = load(aux + r * n_cols + c, mask=m, other=0)
     store(out + r * n_cols + c, gather(v, i, AXIS), mask=m)""")
@@ -226,7 +226,7 @@ def test_gather(device, dtype, index_dtype):
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int16, torch.uint8])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int16, torch.uint8], ids=str)
 @pytest.mark.parametrize("masked", [False, True])
 def test_histogram(device, dtype, masked):
     """Values outside [0, num_bins) are not counted; neither are masked ones (the others load as -1)."""
@@ -242,7 +242,7 @@ def test_histogram(device, dtype, masked):
 
 # ---- join, split, cat, zeros_like, full_like -------------------------------------------------------------
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("dtype", FLOATS + INTS + [torch.int8])
+@pytest.mark.parametrize("dtype", FLOATS + INTS + [torch.int8], ids=str)
 def test_join_split_cat(device, dtype):
     mod = module("""w = load(aux + r * n_cols + c, mask=m, other=0)
     pair = join(v, w)
@@ -298,7 +298,7 @@ MOVES = """store(out + r * 4 + arange(0, 4)[None, :], topk(v, 4), mask=r < n_row
 
 @pytest.mark.parametrize("body, dtype, R, C, warps, axis, rev", COMPILED + [
     (MOVES, torch.float32, 16, 64, 4, 0, False), (MOVES, torch.int32, 1, 1024, 8, 1, True)],
-    ids=lambda v: ("moves" if "\n" in v else v.split("(")[0]) if isinstance(v, str) else None)
+    ids=lambda v: ("moves" if "\n" in v else v.split("(")[0]) if isinstance(v, str) else None if type(v) is int else str(v))
 def test_compiles(body, dtype, R, C, warps, axis, rev):
     mod = module(body if "store" in body else f"store(out + r * n_cols + c, {body}, mask=m)")
     x, index = torch.zeros(4, dtype=dtype), torch.zeros(4, dtype=torch.int32)
