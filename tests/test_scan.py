@@ -4,6 +4,8 @@ and the GPU (marker gpu, num_warps 1, 4 and 8); every kernel also compiles with 
 
 Each kernel reads an [R, C] block of which only n_rows x n_cols elements are data (masked loads), so a scanned
 row of 1000 sits in a block of 1024; outputs start poisoned (NaN or a sentinel)."""
+import re
+
 import pytest
 import torch
 
@@ -278,14 +280,17 @@ kernel k(x, out):
     torch.testing.assert_close(out, torch.tensor([x[1] - x[0], 2.5, 2.5, 2.5, 2.5]))
 
 
-# ---- NVRTC: each kernel above for sm_80 and sm_90a, the axis across registers, lanes and warps -------------
-COMPILED = [  # (body, dtype, R, C, num_warps, axis, reverse)
-    (SCANS["cumsum"], torch.float16, 1, 1024, 8, 1, False), (SCANS["cumsum"], torch.int8, 64, 16, 4, 0, True),
-    (SCANS["cumprod"], torch.bfloat16, 16, 64, 1, 1, True), (SCANS["scan_max"], torch.int64, 64, 16, 8, 0, True),
-    ("sort(v, dim=AXIS, descending=REV)", torch.float32, 1, 1024, 4, 1, True),
-    ("sort(v, dim=AXIS, descending=REV)", torch.int64, 64, 16, 8, 0, False),
-    ("flip(v, AXIS)", torch.bfloat16, 64, 16, 4, 0, False),
-    ("gather(v, load(aux + r * n_cols + c, mask=m, other=0), AXIS)", torch.float16, 16, 64, 4, 1, False),
+# ---- NVRTC: each kernel above for sm_80 and sm_90a, the axis across registers, lanes and warps; in SASS the
+# stages show (warp shuffles, shared memory and barriers across warps) and nothing spills to local memory
+COMPILED = [  # (body, dtype, R, C, num_warps, axis, reverse, SASS opcodes)
+    (SCANS["cumsum"], torch.float16, 1, 1024, 8, 1, False, "SHFL BAR"),
+    (SCANS["cumsum"], torch.int8, 64, 16, 4, 0, True, "SHFL BAR"),
+    (SCANS["cumprod"], torch.bfloat16, 16, 64, 1, 1, True, "SHFL"),
+    (SCANS["scan_max"], torch.int64, 64, 16, 8, 0, True, "SHFL BAR"),
+    ("sort(v, dim=AXIS, descending=REV)", torch.float32, 1, 1024, 4, 1, True, "SHFL BAR"),
+    ("sort(v, dim=AXIS, descending=REV)", torch.int64, 64, 16, 8, 0, False, "SHFL BAR"),
+    ("flip(v, AXIS)", torch.bfloat16, 64, 16, 4, 0, False, "BAR"),
+    ("gather(v, load(aux + r * n_cols + c, mask=m, other=0), AXIS)", torch.float16, 16, 64, 4, 1, False, "STS LDS"),
 ]
 MOVES = """store(out + r * 4 + arange(0, 4)[None, :], topk(v, 4), mask=r < n_rows)
     store(aux + arange(0, 64), histogram(load(aux + r * n_cols + c, mask=m, other=0), 64, mask=m))
@@ -296,12 +301,15 @@ MOVES = """store(out + r * 4 + arange(0, 4)[None, :], topk(v, 4), mask=r < n_row
     store(aux + r * n_cols + c, at + m1.to(i32), mask=m)"""
 
 
-@pytest.mark.parametrize("body, dtype, R, C, warps, axis, rev", COMPILED + [
-    (MOVES, torch.float32, 16, 64, 4, 0, False), (MOVES, torch.int32, 1, 1024, 8, 1, True)],
-    ids=lambda v: ("moves" if "\n" in v else v.split("(")[0]) if isinstance(v, str) else None if type(v) is int else str(v))
-def test_compiles(body, dtype, R, C, warps, axis, rev):
+COMPILED += [(MOVES, torch.float32, 16, 64, 4, 0, False, "ATOMS SHFL BAR"), (MOVES, torch.int32, 1, 1024, 8, 1, True, "ATOMS")]
+
+
+@pytest.mark.parametrize("body, dtype, R, C, warps, axis, rev, expect", COMPILED, ids=[
+    f"{'moves' if 'store' in b else b.split('(')[0]}-{str(d)[6:]}-{r}x{c}-warps{w}-axis{a}" for b, d, r, c, w, a, *_ in COMPILED])
+def test_compiles(body, dtype, R, C, warps, axis, rev, expect):
     mod = module(body if "store" in body else f"store(out + r * n_cols + c, {body}, mask=m)")
     x, index = torch.zeros(4, dtype=dtype), torch.zeros(4, dtype=torch.int32)
     for arch in ARCHS:
-        ptx = mod.k.ptx(x, x, index, 3, 3, R=R, C=C, AXIS=axis, REV=rev, num_warps=warps, arch=arch)
-        assert ".entry" in ptx
+        sass = mod.k.sass(x, x, index, 3, 3, R=R, C=C, AXIS=axis, REV=rev, num_warps=warps, arch=arch)
+        ops = set(re.findall(r"\b[A-Z][A-Z0-9]+\b", sass))
+        assert set(expect.split()) <= ops and not ops & {"LDL", "STL"}, (arch, sorted(ops))
