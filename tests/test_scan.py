@@ -24,7 +24,8 @@ def devices():
 # (R, C, n_rows, n_cols, num_warps): the scanned axis across registers, lanes and warps
 SHAPES = {"cpu": [(1, 1024, 1, 1000, 4), (1024, 1, 1000, 1, 4), (16, 64, 13, 50, 4), (64, 16, 50, 13, 4)],
           "cuda": [(1, 1024, 1, 1000, 1), (1024, 1, 1000, 1, 8), (1, 1024, 1, 1000, 4), (1, 1024, 1, 1000, 8), (16, 64, 13, 50, 4),
-                   (64, 16, 50, 13, 8), (128, 32, 100, 31, 8), (8, 256, 7, 255, 1), (32, 32, 31, 17, 4)]}
+                   (64, 16, 50, 13, 8), (128, 32, 100, 31, 8), (8, 256, 7, 255, 1), (32, 32, 31, 17, 4),
+                   (2, 2048, 2, 2000, 4)]}
 
 KERNEL = """\
 def add(a, b):
@@ -285,6 +286,7 @@ kernel k(x, out):
 COMPILED = [  # (body, dtype, R, C, num_warps, axis, reverse, SASS opcodes)
     (SCANS["cumsum"], torch.float16, 1, 1024, 8, 1, False, "SHFL BAR"),
     (SCANS["cumsum"], torch.int8, 64, 16, 4, 0, True, "SHFL BAR"),
+    (SCANS["cumsum"], torch.float32, 2, 2048, 4, 1, True, "SHFL BAR"),  # registers hold bits above the warps
     (SCANS["cumprod"], torch.bfloat16, 16, 64, 1, 1, True, "SHFL"),
     (SCANS["scan_max"], torch.int64, 64, 16, 8, 0, True, "SHFL BAR"),
     ("sort(v, dim=AXIS, descending=REV)", torch.float32, 1, 1024, 4, 1, True, "SHFL BAR"),
