@@ -11,7 +11,7 @@ import torch
 
 import newtc
 
-FLOATS = [torch.float32, torch.float16, torch.bfloat16]
+FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 INTS = [torch.int32, torch.int64]
 ARCHS = ["sm_80", "sm_90a"]
 SENTINEL = -77
@@ -64,7 +64,7 @@ def poisoned(shape, dtype, device):
 
 def close(out, ref, dtype):
     if dtype.is_floating_point:
-        tol = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+        tol = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
         torch.testing.assert_close(out.double(), ref.double(), rtol=tol, atol=tol * 4, equal_nan=True)
     else:
         assert torch.equal(out, ref.to(out.dtype))
@@ -291,6 +291,7 @@ COMPILED = [  # (body, dtype, R, C, num_warps, axis, reverse, SASS opcodes)
     (SCANS["scan_max"], torch.int64, 64, 16, 8, 0, True, "SHFL BAR"),
     ("sort(v, dim=AXIS, descending=REV)", torch.float32, 1, 1024, 4, 1, True, "SHFL BAR"),
     ("sort(v, dim=AXIS, descending=REV)", torch.int64, 64, 16, 8, 0, False, "SHFL BAR"),
+    ("sort(v, dim=AXIS, descending=REV)", torch.float64, 16, 64, 2, 1, True, "SHFL"),
     ("flip(v, AXIS)", torch.bfloat16, 64, 16, 4, 0, False, "BAR"),
     ("gather(v, load(aux + r * n_cols + c, mask=m, other=0), AXIS)", torch.float16, 16, 64, 4, 1, False, "STS LDS"),
 ]
