@@ -176,6 +176,21 @@ def test_scan_of_a_3d_block(device, dtype):
                 close(out, ref.to(dtype) if dtype.is_floating_point else ref, dtype)
 
 
+
+def test_cumsum_dtype_picks_the_result():
+    """dtype= as in Triton: an i16 running sum past 2**15 in i64, an f16 one kept in f32."""
+    mod = newtc.compile("""\
+kernel k(x, y, out, fout):
+    offs = arange(0, 1024)
+    store(out + offs, cumsum(load(x + offs), 0, dtype=i64))
+    store(fout + offs, cumsum(load(y + offs), 0, reverse=True, dtype=f32))
+""", "dtype.nk")
+    x, y = torch.randint(100, 30000, (1024,), dtype=torch.int16), torch.randn(1024).half()
+    out, fout = poisoned((1024,), torch.int64, "cpu"), poisoned((1024,), torch.float32, "cpu")
+    mod.k[(1,)](x, y, out, fout)
+    assert torch.equal(out, x.long().cumsum(0))
+    torch.testing.assert_close(fout, y.float().flip(0).cumsum(0).flip(0), rtol=1e-5, atol=1e-4)
+
 # ---- sort, topk, flip: along a whole axis of the block, masked along the other --------------------------
 def full_along(axis, R, C, nr, nc):
     return (R, nc) if axis == 0 else (nr, C)
