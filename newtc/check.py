@@ -1385,3 +1385,226 @@ def _pointer_type(c: Checker, span, dtype):
     if not isinstance(dtype, DType):
         raise NkError(f"pointer_type() takes a dtype, got {describe(dtype)}", span)
     return Ptr(dtype)
+# ---- scans, sorting and data movement --------------------------------------------------------
+def numbers(x, what: str, span: Span) -> None:
+    if not isinstance(x, ir.Value) or not x.type.shape or isinstance(x.type.dtype, Ptr):
+        raise NkError(f"{what} takes a block of numbers, got {describe(x)}", span)
+
+
+def axis_of(c: Checker, axis, rank: int, what: str, span: Span) -> int:
+    axis = c.constexpr(axis, what, span)
+    if type(axis) is not int or not -rank <= axis < rank:
+        raise NkError(f"{what} {describe(axis)} is not an axis of a block of rank {rank}", span)
+    return axis % rank
+
+
+def flag(c: Checker, v, what: str, span: Span) -> bool:
+    v = c.constexpr(v, what, span)
+    if type(v) is not bool:
+        raise NkError(f"{what} must be True or False, got {describe(v)}", span)
+    return v
+
+
+def scan(c: Checker, span, xs: list, axis, reverse, combine, name: str) -> list:
+    """Inclusive scans of blocks of one shape along axis; combine maps the region's scalar parameters
+    (a..., b...) to the combined values, and the scan op keeps it as its region."""
+    for x in xs or [None]:
+        numbers(x, f"{name}()", span)
+    if len({x.type.shape for x in xs}) > 1:
+        raise NkError(f"{name}() scans blocks of one shape, got {', '.join(str(x.type) for x in xs)}", span)
+    axis = axis_of(c, axis, len(xs[0].type.shape), "the scan axis", span)
+    reverse = flag(c, reverse, "reverse", span)
+    region = ir.Region([ir.Value(Type((), x.type.dtype), f"{s}{i}") for s in "ab" for i, x in enumerate(xs)])
+    outer, c.region = c.region, region
+    try:
+        out = combine(*region.params)
+        out = list(out) if isinstance(out, (tuple, list)) else [out]
+        if len(out) != len(xs):
+            raise NkError(f"the combine function returns {len(out)} values for a scan of {len(xs)} blocks", span)
+        ys = []
+        for o, x in zip(out, xs):
+            if isinstance(o, ir.Value) and o.type.shape:
+                raise NkError(f"the combine function returns a block ({o.type}); it combines scalars", span)
+            ys.append(c.cast(c.value(o, span, x.type.dtype), x.type.dtype, span))
+        c.emit("yield", ys, None, span)
+    finally:
+        c.region = outer
+    bad = next((op for op in region.ops if op.kind not in ir.ELEMENTWISE | {"const", "yield"}), None)
+    if bad is not None:
+        raise NkError(f"a combine function computes on its arguments only; '{bad.kind}' is not allowed", bad.span)
+    op = ir.Op("scan", list(xs), [ir.Value(x.type) for x in xs], {"axis": axis, "reverse": reverse}, span, [region])
+    c.region.ops.append(op)
+    return op.results
+
+
+@builtin("cumsum", "cumprod")
+def _cumsum(c: Checker, span, x, axis=0, reverse=False, dtype=None, *, _name=""):
+    numbers(x, f"{_name}()", span)
+    dt = x.type.dtype
+    if dtype is None:  # Triton's rule: narrow integers accumulate in 32 bits (torch would use i64)
+        dtype = i32 if dt == bool_ or dt.kind == "i" and dt.bits < 32 else u32 if dt.kind == "u" and dt.bits < 32 else dt
+    if not isinstance(dtype, DType):
+        raise NkError(f"dtype must be a dtype, got {describe(dtype)}", span)
+    acc = f32 if dtype in (f16, bf16) else dtype  # 16-bit floats accumulate in f32, as sum() does
+    op = "+" if _name == "cumsum" else "*"
+    r, = scan(c, span, [c.cast(x, acc, span)], axis, reverse, lambda a, b: c.binary(op, a, b, span), _name)
+    return c.cast(r, dtype, span)
+
+
+@builtin("associative_scan")
+def _associative_scan(c: Checker, span, x, axis, combine_fn, reverse=False):
+    d = c.defs.get(combine_fn.name) if isinstance(combine_fn, Func) else None
+    if d is None or d.kind != "def":
+        raise NkError(f"combine_fn must name a `def` helper, got {describe(combine_fn)}", span,
+                      "e.g. `def add(a, b): return a + b`, then associative_scan(x, 0, add)")
+    xs = list(x) if isinstance(x, (tuple, list)) else [x]
+    ys = scan(c, span, xs, axis, reverse, lambda *ps: c.inline(d, list(ps), {}, span), "associative_scan")
+    return tuple(ys) if isinstance(x, (tuple, list)) else ys[0]
+
+
+def exchange(c: Checker, x: ir.Value, axis: int, bits: int, span) -> ir.Value:
+    """x with element i along axis replaced by element i ^ bits: a sorting network's partner, a flip."""
+    return c.emit("exchange", [x], x.type, span, {"axis": axis, "xor": bits})
+
+
+def axis_bit(c: Checker, shape: tuple, axis: int, bit: int, span) -> ir.Value:
+    """Whether bit `bit` of each element's coordinate along axis is set (a bool block of `shape`)."""
+    idx = _reshape(c, span, _arange(c, span, 0, shape[axis]), [shape[axis] if d == axis else 1 for d in range(len(shape))])
+    return c.to_shape(c.binary("!=", c.binary("&", idx, 1 << bit, span), 0, span), shape, span)
+
+
+def greater(c: Checker, a, b, span) -> ir.Value:
+    """a > b, with NaN above every number (torch.sort's order)."""
+    gt = c.binary(">", a, b, span)
+    if not a.type.dtype.is_float:
+        return gt
+    return c.binary("or", gt, c.binary("and", c.binary("!=", a, a, span), c.binary("==", b, b, span), span), span)
+
+
+def bitonic(c: Checker, x: ir.Value, axis: int, stage: int, descending, span) -> ir.Value:
+    """A bitonic merge: runs of 2^stage along axis, each two sorted halves going opposite ways, become
+    sorted runs, descending where `descending` (a bool or a bool block) holds."""
+    for j in reversed(range(stage)):
+        y = exchange(c, x, axis, 1 << j, span)
+        swap = c.binary("^", greater(c, x, y, span), axis_bit(c, x.type.shape, axis, j, span), span)
+        x = c.emit("where", [c.binary("^", swap, descending, span), y, x], x.type, span)
+    return x
+
+
+def alternate(c: Checker, x: ir.Value, axis: int, stage: int, last: int, descending: bool, span):
+    """The direction of each run of 2^stage in a bitonic sort: alternating, until the last stage."""
+    return axis_bit(c, x.type.shape, axis, stage, span) if stage < last else descending
+
+
+@builtin("sort")
+def _sort(c: Checker, span, x, dim=None, descending=False):
+    numbers(x, "sort()", span)
+    axis = axis_of(c, -1 if dim is None else dim, len(x.type.shape), "the sort dim", span)
+    descending, n = flag(c, descending, "descending", span), x.type.shape[axis].bit_length() - 1
+    for stage in range(1, n + 1):
+        x = bitonic(c, x, axis, stage, alternate(c, x, axis, stage, n, descending, span), span)
+    return x
+
+
+@builtin("topk")
+def _topk(c: Checker, span, x, k, dim=None):
+    numbers(x, "topk()", span)
+    axis = axis_of(c, -1 if dim is None else dim, len(x.type.shape), "the topk dim", span)
+    k, size = c.constexpr(k, "k", span), x.type.shape[axis]
+    if type(k) is not int or not is_pow2(k) or k > size:
+        raise NkError(f"k must be a power of two of at most {size} (the size of dim {axis}), got {describe(k)}", span)
+    n, lk = size.bit_length() - 1, k.bit_length() - 1
+    for stage in range(1, lk + 1):  # sorted runs of k, alternately ascending and descending
+        x = bitonic(c, x, axis, stage, alternate(c, x, axis, stage, n, True, span), span)
+    for last in range(lk + 1, n + 1):  # the larger of two neighbouring runs, elementwise, holds their top k
+        y = exchange(c, x, axis, k, span)
+        x = c.emit("where", [greater(c, y, x, span), y, x], x.type, span)
+        shape = x.type.shape
+        x = _reshape(c, span, x, shape[:axis] + (shape[axis] // (2 * k), 2, k) + shape[axis + 1:])
+        x = _reduce(c, span, x, axis + 1, _name="max")  # both runs hold it now: keep one
+        x = _reshape(c, span, x, shape[:axis] + (shape[axis] // 2,) + shape[axis + 1:])
+        x = bitonic(c, x, axis, lk, axis_bit(c, x.type.shape, axis, lk, span) if last < n else True, span)
+    return x
+
+
+@builtin("flip")
+def _flip(c: Checker, span, x, dim=None):
+    numbers(x, "flip()", span)
+    axis = axis_of(c, -1 if dim is None else dim, len(x.type.shape), "the flip dim", span)
+    return exchange(c, x, axis, x.type.shape[axis] - 1, span)
+
+
+@builtin("gather")
+def _gather(c: Checker, span, src, index, axis):
+    numbers(src, "gather()", span)
+    rank = len(src.type.shape)
+    if not isinstance(index, ir.Value) or not index.type.dtype.is_int or len(index.type.shape) != rank:
+        raise NkError(f"gather() takes an integer index block of rank {rank}, got {describe(index)}", span)
+    axis = axis_of(c, axis, rank, "the gather axis", span)
+    if any(a != b for d, (a, b) in enumerate(zip(src.type.shape, index.type.shape)) if d != axis):
+        raise NkError(f"gather() index {index.type} and source {src.type} differ outside axis {axis}", span)
+    return c.emit("gather", [src, index], Type(index.type.shape, src.type.dtype), span, {"axis": axis})
+
+
+@builtin("histogram")
+def _histogram(c: Checker, span, x, num_bins, mask=None):
+    if not isinstance(x, ir.Value) or not x.type.shape or not x.type.dtype.is_int:
+        raise NkError(f"histogram() counts a block of integers, got {describe(x)}", span)
+    bins = c.constexpr(num_bins, "num_bins", span)
+    if type(bins) is not int or not is_pow2(bins):
+        raise NkError(f"num_bins must be a power of two, got {describe(bins)}", span)
+    if mask is not None:
+        mask = c.truth(c.value(mask, span, bool_), span)
+        if broadcast_shapes(x.type.shape, mask.type.shape, span) != x.type.shape:
+            raise NkError(f"the mask {mask.type} does not broadcast to {x.type}", span)
+        mask = c.to_shape(mask, x.type.shape, span)
+    return c.emit("histogram", [x, mask], Type((bins,), i32), span)
+
+
+@builtin("join")
+def _join(c: Checker, span, a, b):
+    a, b = c.unify([a, b], span)
+    if isinstance(a.type.dtype, Ptr):
+        raise NkError("join() takes numbers, not pointers", span)
+    if not a.type.shape:  # two scalars: a block of 2
+        pair = _join(c, span, c.to_shape(a, (1,), span), c.to_shape(b, (1,), span))
+        return _reshape(c, span, pair, [2])
+    return c.emit("join", [a, b], Type(a.type.shape + (2,), a.type.dtype), span)
+
+
+@builtin("split")
+def _split(c: Checker, span, x):
+    numbers(x, "split()", span)
+    if x.type.shape[-1] != 2:
+        raise NkError(f"split() takes a block whose last dim is 2, got {x.type}", span, "join(a, b) makes one")
+    if len(x.type.shape) == 1:  # two scalars: each the one element of a half
+        return tuple(_reduce(c, span, h, 0, _name="max") for h in _split(c, span, _reshape(c, span, x, [1, 2])))
+    op = ir.Op("split", [x], [ir.Value(Type(x.type.shape[:-1], x.type.dtype)) for _ in range(2)], {}, span)
+    c.region.ops.append(op)
+    return tuple(op.results)
+
+
+@builtin("cat")
+def _cat(c: Checker, span, a, b, can_reorder=False, dim=0):
+    flag(c, can_reorder, "can_reorder", span)  # accepted for Triton's sake: the order is always kept
+    numbers(a, "cat()", span)
+    numbers(b, "cat()", span)
+    if a.type.shape != b.type.shape:
+        raise NkError(f"cat() takes two blocks of one shape, got {a.type} and {b.type}", span)
+    rank = len(a.type.shape)
+    axis = axis_of(c, dim, rank, "the cat dim", span)
+    pairs = _trans(c, span, _join(c, span, a, b), *range(axis), rank, *range(axis, rank))  # the new 2 before dim
+    shape = a.type.shape
+    return _reshape(c, span, pairs, [*shape[:axis], 2 * shape[axis], *shape[axis + 1:]])
+
+
+@builtin("zeros_like")
+def _zeros_like(c: Checker, span, x):
+    return _full_like(c, span, x, 0)
+
+
+@builtin("full_like")
+def _full_like(c: Checker, span, x, value, dtype=None):
+    if not isinstance(x, ir.Value) or isinstance(x.type.dtype, Ptr):
+        raise NkError(f"expected a block or a scalar of numbers, got {describe(x)}", span)
+    return _full(c, span, list(x.type.shape), value, x.type.dtype if dtype is None else dtype)

@@ -355,6 +355,41 @@ OPS = {
 }
 
 
+def _scan(st, op, *xs):
+    """Hillis-Steele: log2(n) steps, each combining every element with the one d before it (the combine
+    region's scalar ops run on whole slices). A reverse scan is the scan of the flipped block, flipped."""
+    axis, region, rev = op.attrs["axis"], op.regions[0], op.attrs["reverse"]
+    xs = [x.flip(axis) if rev else x for x in xs]
+    inner, n, d = _State(st.env, st.pid, st.grid, False), xs[0].shape[axis], 1
+    while d < n:
+        st.env.update(zip(region.params, [x.narrow(axis, 0, n - d) for x in xs] + [x.narrow(axis, d, n - d) for x in xs]))
+        xs = [torch.cat([x.narrow(axis, 0, d), y.expand(x.narrow(axis, d, n - d).shape)], axis)
+              for x, y in zip(xs, _exec(inner, region))]
+        d *= 2
+    return [x.flip(axis) if rev else x for x in xs]
+
+
+def _gather(st, op, src, index):
+    n, i = src.shape[op.attrs["axis"]], index.long()
+    bad = (i < 0) | (i >= n)
+    if bad.any():
+        raise NkError(f"gather() index {int(i[bad][0])} is outside [0, {n})", op.span, "clamp or mask the indices")
+    return torch.gather(src, op.attrs["axis"], i)
+
+
+def _histogram(st, op, x, mask=None):
+    bins, x = op.result.type.shape[0], x.long()  # a u64 past 2**63 reads negative: out of range either way
+    keep = (x >= 0) & (x < bins) & _live(mask)
+    return torch.bincount(x[keep], minlength=bins).to(torch.int32)
+
+
+OPS.update({  # scans and data movement along an axis
+    "scan": _scan, "gather": _gather, "histogram": _histogram,
+    "exchange": lambda st, op, x: x.index_select(op.attrs["axis"], torch.arange(x.shape[op.attrs["axis"]]) ^ op.attrs["xor"]),
+    "join": lambda st, op, a, b: torch.stack([a, b], -1), "split": lambda st, op, x: list(x.unbind(-1)),
+})
+
+
 def _exec(st: _State, region: ir.Region) -> list:
     """Run a region's ops; returns the values of its closing yield (none for the kernel body)."""
     for op in region.ops:

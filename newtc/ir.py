@@ -32,6 +32,13 @@ Every value has a Type (shape, dtype) and, after the layout pass, a Layout. Op k
   assert      (cond, mask|None)  attrs msg                 device_assert: traps with file:line and msg
   asm         (*args)            attrs asm, constraints, pure, pack   inline PTX, pack elements a statement (anchored: never recomputed)
   barrier                                                  debug_barrier (passes.smem also places them)
+  scan        (*xs)              attrs axis, reverse; region (a..., b...) ending in a yield of the combined
+                                 values: inclusive scans of blocks of one shape, one result per block
+  exchange    (x)                attrs axis, xor               element i along axis becomes element i ^ xor
+  gather      (src, index)       attrs axis                    src's elements at index along axis
+  histogram   (x, mask|None)                                   i32[num_bins]: how many elements equal each bin
+  join        (a, b)                                           a new minor dim of 2: [..., 0] = a, [..., 1] = b
+  split       (x)                                              two results, x[..., 0] and x[..., 1]
 
 Made by the passes (the checker never emits them; the interpreter runs the IR before the passes):
   convert     (x)                                          the same block in another register layout
@@ -47,6 +54,7 @@ Made by the passes (the checker never emits them; the interpreter runs the IR be
                                                            tensor cores' (async proxy) reads
 reduce takes a scratch buffer as a second operand when warps meet along the axis; a scalar atomic
 takes one as its last operand (the old value reaches every thread through it).
+scan, exchange, gather and histogram take one as their last operand where data crosses warps.
 """
 from __future__ import annotations
 

@@ -184,6 +184,35 @@ def vector(layout: Layout, itemsize: int) -> tuple[int, int]:
     return len(layout.shape) - 1, 1
 
 
+# ---- data that moves along an axis (scans, exchanges, joins) --------------------------------------------
+def axis_levels(layout: Layout, axis: int) -> list | None:
+    """The register, lane or warp bit ("r" | "l" | "w", k) that holds each bit of the coordinate along
+    axis, lowest first: a scan's stages. None when a basis mixes bits (the scan then converts first)."""
+    s, w = dim_bits(layout.shape)[axis]
+    held: dict = {}
+    for kind, bases in (("r", layout.reg), ("l", layout.lane), ("w", layout.warp)):
+        for k, b in enumerate(bases):
+            if b & (b - 1) or b in held:
+                return None
+            if b >> s and log2(b) < s + w:
+                held[b] = (kind, k)
+    return [held[1 << (s + p)] for p in range(w)]
+
+
+def xor_source(layout: Layout, mask: int) -> tuple[int, int, int]:
+    """The register, lane and warp index XORs at which each thread finds element flat ^ mask."""
+    x = solve(layout.reg + layout.lane + layout.warp, mask)
+    nr, nl = len(layout.reg), len(layout.lane)
+    return x & ((1 << nr) - 1), (x >> nr) & ((1 << nl) - 1), x >> (nr + nl)
+
+
+def pair(layout: Layout) -> Layout:
+    """The layout of join(a, b) for a and b in `layout`: the new minor dim of 2 is register bit 0."""
+    def up(bases):
+        return tuple(b << 1 for b in bases)
+    return Layout(layout.shape + (2,), (1,) + up(layout.reg), up(layout.lane), up(layout.warp))
+
+
 # ---- shared memory ------------------------------------------------------------------------------------
 def solve(bases, target: int) -> int | None:
     """The index x whose XOR of selected bases (xor_span(bases, x)) is target, or None if none is."""

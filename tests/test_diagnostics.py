@@ -833,3 +833,43 @@ def test_a_failed_device_assert_in_the_interpreter_is_located():
     """, "assert.nk", x, 5)
     assert_diagnostic(err, "assert.nk", 4, 5, "device_assert failed: v stays below n",
                       r"program \(0, 0, 0\), element \[5\]")
+# ---- scans, sorting and data movement ----------------------------------------------------------------------
+@pytest.mark.parametrize("body, col, message, hint", [
+    ("y = cumsum(n)\n", 9, r"cumsum\(\) takes a block of numbers, got a scalar of type i32", None),
+    ("y = cumprod(arange(0, 8), axis=1)\n", 9, "the scan axis int 1 is not an axis of a block of rank 1", None),
+    ("y = cumsum(arange(0, 8), reverse=1)\n", 9, "reverse must be True or False, got int 1", None),
+    ("y = cumsum(arange(0, 8), dtype=3)\n", 9, "dtype must be a dtype, got int 3", None),
+    ("y = associative_scan(arange(0, 8), 0, n)\n", 9, "combine_fn must name a `def` helper", r"def add\(a, b\)"),
+    ("y = associative_scan(arange(0, 8), 0, cumsum)\n", 9, "combine_fn must name a `def` helper, got the function",
+     None),
+    ("y = sort(arange(0, 8), descending=n > 0)\n", 9, "descending must be a compile-time constant", "constexpr"),
+    ("y = sort(x)\n", 9, r"sort\(\) takes a block of numbers, got a scalar of type \*f32", None),
+    ("y = topk(arange(0, 8), 3)\n", 9, r"k must be a power of two of at most 8 \(the size of dim 0\), got int 3", None),
+    ("y = topk(arange(0, 8), 16)\n", 9, "k must be a power of two of at most 8", None),
+    ("y = flip(zeros([4, 8]), 2)\n", 9, "the flip dim int 2 is not an axis of a block of rank 2", None),
+    ("y = gather(arange(0, 8), 1.0, 0)\n", 9, r"gather\(\) takes an integer index block of rank 1", None),
+    ("y = gather(zeros([4, 8]), zeros([2, 8], i32), 1)\n", 9, r"index i32\[2, 8\] and source f32\[4, 8\] differ", None),
+    ("y = histogram(zeros([8]), 4)\n", 9, r"histogram\(\) counts a block of integers, got a block of type f32\[8\]", None),
+    ("y = histogram(arange(0, 8), 6)\n", 9, "num_bins must be a power of two, got int 6", None),
+    ("y = histogram(arange(0, 8), 8, mask=zeros([2, 8]) > 0)\n", 9, r"the mask bool\[2, 8\] does not broadcast", None),
+    ("a, b = split(arange(0, 8))\n", 12, r"split\(\) takes a block whose last dim is 2, got i32\[8\]", r"join\(a, b\)"),
+    ("y = join(x, x)\n", 9, r"join\(\) takes numbers, not pointers", None),
+    ("y = cat(arange(0, 8), arange(0, 4))\n", 9, r"cat\(\) takes two blocks of one shape, got i32\[8\] and i32\[4\]", None),
+    ("y = full_like(x, 1.0)\n", 9, "expected a block or a scalar of numbers, got a scalar of type \\*f32", None),
+])
+def test_scan_and_move_misuse(body, col, message, hint):
+    err = typing_error(body, "moves.nk")
+    assert_diagnostic(err, "moves.nk", 2, col, message, hint)
+
+
+@pytest.mark.parametrize("helper, line, col, message", [
+    ("def f(a, b):\n    return a, b\n", 4, 9, "the combine function returns 2 values for a scan of 1 blocks"),
+    ("def f(a, b):\n    return zeros([4]) + a\n", 4, 9, r"returns a block \(f32\[4\]\); it combines scalars"),
+    ("def f(a, b):\n    return a + program_id(0)\n", 2, 16, "a combine function computes on its arguments only"),
+    ("def f(a):\n    return a\n", 4, 9, r"f\(\) takes 1 arguments, 2 given"),
+])
+def test_bad_combine_functions(helper, line, col, message):
+    mod = newtc.compile(helper + "kernel k(x):\n    y = associative_scan(arange(0, 8), 0, f)\n", "combine.nk")
+    with pytest.raises(newtc.NkError) as e:
+        mod.k[(1,)](x4())
+    assert_diagnostic(e.value, "combine.nk", line, col, message)

@@ -74,6 +74,27 @@ kernel features(x, y, out, idx, n, scale: f32, BLOCK: constexpr, MODE: constexpr
     u = load(idx + offs, mask=mask, other=0).to(u8)
     store(idx + offs, (u >> 1).to(i32) + cdiv(n, 7), mask=not keep)
 
+def running_max(v, i, w, j):
+    take = w > v
+    return where(take, w, v), where(take, j, i)
+
+kernel moves(x, out, idx, n, BLOCK: constexpr):
+    offs = arange(0, BLOCK)
+    mask = offs < n
+    a = load(x + program_id(0) * BLOCK + offs, mask=mask, other=0.0)
+    i = load(idx + offs, mask=mask, other=0)
+    c = cumsum(a, axis=0) + cumprod(a, 0, reverse=True) + cumsum(i.to(i8), 0).to(f32)
+    m, at = associative_scan((a, offs), 0, running_max)
+    t = reshape(a, [BLOCK // 8, 8])
+    s = sort(t, dim=1, descending=True) + flip(t, 0) + max(topk(trans(t), 4, dim=0), axis=0)[:, None]
+    g = gather(a, i & (BLOCK - 1), 0)
+    h = histogram(i & 15, 16, mask=mask)
+    lo, hi = split(join(a, g))
+    both = cat(lo, hi, can_reorder=True)
+    store(out + offs, c + m + at.to(f32) + reshape(s, [BLOCK]) + lo - hi + zeros_like(a) + full_like(a, 2.0), mask=mask)
+    store(out + BLOCK + arange(0, 2 * BLOCK), both)
+    store(out + 3 * BLOCK + arange(0, 16), h.to(f32))
+
 kernel mm(a, b, c, M, N, K, BM: constexpr, BN: constexpr, BK: constexpr):
     rm = program_id(0) * BM + arange(0, BM)
     rn = program_id(1) * BN + arange(0, BN)
@@ -143,7 +164,9 @@ BUILTIN_NAMES = ("program_id", "num_programs", "arange", "zeros", "full", "load"
                  "make_block_ptr", "advance", "f8e4m3", "f8e5m2",
                  "rand", "randn", "randint", "randint4x", "pow", "clamp", "umulhi", "libdevice", "libdevice.j0", "round",
                  "div_rn", "atomic_or", "atomic_and", "atomic_xor", "debug_barrier", "device_assert", "static_print",
-                 "inline_asm_elementwise", "pointer_type", "sem='relaxed'", "scope='cta'")
+                 "inline_asm_elementwise", "pointer_type", "sem='relaxed'", "scope='cta'",
+                 "cumsum", "cumprod", "associative_scan", "sort", "topk", "flip", "gather", "histogram", "join", "split",
+                 "cat", "zeros_like", "full_like")
 EXTRA = BUILTIN_NAMES + ("kernel", "def", "tile", "if", "elif", "else", "for", "in", "return", "pass", "and", "or", "not", "None",
          "True", "False", "inf", "nan", "constexpr", "static_range", "range", "static_assert", "print", "dot",
          "atomic_cas", "atomic_xchg", "full", "broadcast_to", "bitcast=True", "i64", "u64", "f16", "bf16", "bool",

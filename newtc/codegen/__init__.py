@@ -351,6 +351,10 @@ RULES = {"for": Codegen.loop, "if": Codegen.branch, "store": memory.store, "load
          "barrier": lambda cg, op: cg.emit("__syncthreads();"), "assert": device_assert, "asm": inline_asm,
          "fence_async": lambda cg, op: cg.emit('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");')}
 
+from . import scan  # noqa: E402 - scans and data movement keep their emitters in their own table
+
+RULES.update(scan.RULES)
+
 GENERATED = re.compile(r"(nk_\w*|L\d+|\w+_\d+|__\w*|threadIdx|blockIdx|blockDim|gridDim|warpSize|\w+_t"
                        r"|u?(char|short|int|long|longlong)[1-4]|(float|double)[1-4]|half2?)")  # and CUDA's types
 

@@ -64,6 +64,13 @@ __device__ __forceinline__ float nk_log(float x) { return nk_log2(x) * 0.6931471
 __device__ __forceinline__ float nk_div(float a, float b) { float y; asm("div.full.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b)); return y; }
 template <class T, class U> __device__ __forceinline__ T nk_bitcast(U u) { union { U u; T t; } b; b.u = u; return b.t; }
 template <class T> __device__ __forceinline__ T nk_zero() { T t{}; return t; }
+// A warp shuffle of any value of up to 8 bytes (16-bit floats, bools and narrow integers travel in 32 bits).
+template <class T> __device__ __forceinline__ T nk_shfl_xor(T v, int m) {
+  union { T t; unsigned long long u; } a, b; a.u = 0; a.t = v;
+  if constexpr (sizeof(T) > 4) b.u = __shfl_xor_sync(0xffffffffu, a.u, m);
+  else b.u = __shfl_xor_sync(0xffffffffu, (unsigned)a.u, m);
+  return b.t;
+}
 // One memory access of B bytes; alignas makes 8 and 16 bytes a single vector instruction.
 struct alignas(16) nk_w16 { unsigned a, b, c, d; };
 struct alignas(8) nk_w8 { unsigned a, b; };

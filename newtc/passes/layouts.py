@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from .. import ir
 from ..ir import facts
-from ..layout import (Layout, blocked, contiguous_dim, log2, mma_acc, mma_operand, mma_warps, remap, slice_layout,
-                      swizzled, vector, wgmma_acc, wgmma_descriptor, wgmma_warps)
+from ..layout import (Layout, axis_levels, blocked, contiguous_dim, log2, mma_acc, mma_operand, mma_warps, pair, remap,
+                      slice_layout, swizzled, vector, wgmma_acc, wgmma_descriptor, wgmma_warps)
 from ..types import bf16, f16, f32, i8, i32, u8
 
 FREE = {"splat", "arange", "broadcast", "expand_dims", "trans"}  # reshape and elementwise: free if their operands are
@@ -224,6 +224,8 @@ class Plan:
             self.want[id(op)] = [src]
         elif kind == "dot":
             self.dot(op)
+        elif kind in MOVES:
+            MOVES[kind](self, op)
         elif kind in ir.ELEMENTWISE or kind == "asm":  # asm is never free: it runs once, where it is written
             mine = [a.layout for a in op.args if a is not None and a.type.shape and not self.free(a) and a.layout]
             res.layout = next((x for x in mine if x in self.heavy), mine[0] if mine else self.default(res.type))
@@ -283,6 +285,53 @@ class Plan:
                 v.layout = next((y.layout for y in ys if not self.free(y)), None) or self.default(v.type)
         for sub in op.regions:
             self.want[id(sub.ops[-1])] = [v.layout for v in op.results]
+
+
+# ---- scans and data movement: the result's layout, and the layout each operand is read in ----------------
+def plan_scan(plan: Plan, op: ir.Op) -> None:
+    """In the operand's layout when each bit along the axis is one register, lane or warp bit."""
+    lay = plan.of(op.args[0])
+    lay = lay if axis_levels(lay, op.attrs["axis"]) is not None else plan.default(op.args[0].type)
+    for r in op.results:
+        r.layout = lay
+    plan.want[id(op)] = [lay] * len(op.args)
+
+
+def plan_split(plan: Plan, op: ir.Op) -> None:
+    """Read with the minor dim of 2 in a register, so that each half is a selection of registers."""
+    lay, last = plan.of(op.args[0]), len(op.args[0].type.shape) - 1
+    lay = lay if 1 in lay.reg else pair(slice_layout(lay, last))
+    for r in op.results:
+        r.layout = slice_layout(lay, last)
+    plan.want[id(op)] = [lay]
+
+
+def plan_join(plan: Plan, op: ir.Op) -> None:
+    a, b = op.args
+    lay = plan.of(b if plan.free(a) and not plan.free(b) else a)
+    op.result.layout = pair(lay)
+    plan.want[id(op)] = [lay, lay]
+
+
+def plan_exchange(plan: Plan, op: ir.Op) -> None:
+    op.result.layout = plan.of(op.args[0])
+    plan.want[id(op)] = [op.result.layout]
+
+
+def plan_gather(plan: Plan, op: ir.Op) -> None:
+    """Where the index is; the source anywhere (it goes through shared memory)."""
+    op.result.layout = plan.of(op.args[1])
+    plan.want[id(op)] = [plan.of(op.args[0]), op.result.layout]
+
+
+def plan_histogram(plan: Plan, op: ir.Op) -> None:
+    lay = plan.of(op.args[0])
+    op.result.layout = plan.default(op.result.type)
+    plan.want[id(op)] = [lay, lay]
+
+
+MOVES = {"scan": plan_scan, "split": plan_split, "join": plan_join, "exchange": plan_exchange, "gather": plan_gather,
+         "histogram": plan_histogram}
 
 
 class Materialize:

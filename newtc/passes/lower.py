@@ -12,6 +12,7 @@ from __future__ import annotations
 from .. import ir
 from ..layout import Layout, axis_mask, contiguous_dim, rename, row_major, swizzled
 from ..types import Type, u8
+from ..layout import axis_levels, dim_bits, xor_source
 
 
 def uses(k: ir.Kernel) -> dict:
@@ -53,6 +54,25 @@ def reduce_scratch_bytes(op: ir.Op) -> int:
     return slots * res.type.numel * per if slots > 1 else 0
 
 
+def scan_scratch_bytes(op: ir.Op) -> int:
+    """From the first level of the axis that warps hold: 8 bytes a block of 2^level elements, per scanned block."""
+    levels = axis_levels(op.args[0].layout, op.attrs["axis"])
+    first = next((p for p, (kind, _) in enumerate(levels) if kind == "w"), None)
+    return 0 if first is None else (op.args[0].type.numel >> first) * 8 * len(op.results)
+
+
+def exchange_scratch_bytes(op: ir.Op) -> int:
+    x = op.args[0]
+    _, _, warps = xor_source(x.layout, op.attrs["xor"] << dim_bits(x.type.shape)[op.attrs["axis"]][0])
+    return x.type.numel * x.type.dtype.itemsize if warps else 0
+
+
+# the other ops whose data crosses warps through a scratch buffer, and its size in bytes
+SCRATCH = {"scan": scan_scratch_bytes, "exchange": exchange_scratch_bytes,
+           "gather": lambda op: op.args[0].type.numel * op.args[0].type.dtype.itemsize,
+           "histogram": lambda op: op.result.type.numel * 4}
+
+
 def lower_shared(k: ir.Kernel) -> ir.Kernel:
     subst: dict = {}  # a conversion into shared memory -> the buffer it became
     def region(r: ir.Region) -> None:
@@ -74,6 +94,8 @@ def lower_shared(k: ir.Kernel) -> ir.Kernel:
                 op = ir.Op("local_load", [a.result], [res], {"start": (0,) * len(res.type.shape)}, op.span)
             elif op.kind == "reduce" and reduce_scratch_bytes(op):
                 scratch(op, reduce_scratch_bytes(op), out)
+            elif op.kind in SCRATCH and SCRATCH[op.kind](op):
+                scratch(op, SCRATCH[op.kind](op), out)
             elif op.kind == "atomic" and not op.result.type.shape:
                 scratch(op, 8, out)
             out.append(op)
