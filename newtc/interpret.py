@@ -28,6 +28,7 @@ _TORCH = {T.bool_: torch.bool, T.i8: torch.int8, T.i16: torch.int16, T.i32: torc
           T.f16: torch.float16, T.bf16: torch.bfloat16, T.f32: torch.float32, T.f64: torch.float64}
 _MASK = {T.u16: 0xFFFF, T.u32: 0xFFFFFFFF}
 _I64_MIN = -(2 ** 63)
+MAX_ITERATIONS = 1 << 20  # of one `while` loop in one program: more is taken for a loop that never ends
 
 
 class _Ptr(NamedTuple):
@@ -243,6 +244,16 @@ def _for(st, op, lo, hi, step, *carried):
     return list(carried)
 
 
+def _while(st, op, *carried):
+    body = op.regions[0]
+    for _ in range(MAX_ITERATIONS):
+        if not bool(carried[0]):
+            return list(carried)
+        st.env.update(zip(body.params, carried))
+        carried = _exec(st, body)
+    raise NkError(f"a `while` loop ran {MAX_ITERATIONS} times in one program: it does not seem to end", op.span)
+
+
 def _if(st, op, cond):
     return _exec(st, op.regions[0 if bool(cond) else 1])
 
@@ -273,7 +284,7 @@ OPS = {
     "bitcast": lambda st, op, x: _cast(st, op, x, bitcast=True),
     "ptradd": lambda st, op, p, o: _Ptr(p.base, p.off + o.long()),
     "load": _load, "store": _store, "atomic": _atomic, "reduce": _reduce, "dot": _dot,
-    "for": _for, "if": _if, "print": _print,
+    "for": _for, "while": _while, "if": _if, "print": _print, "hint": lambda st, op, x: x,
 }
 
 

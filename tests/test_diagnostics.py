@@ -535,7 +535,7 @@ def test_a_kernel_may_share_a_builtin_name_and_the_builtin_still_works():
     ("y = (arange(0, 4) < n) - (arange(0, 4) < 2)\n", 9, "'-' of two bools"),
     ("for i in static_range(0, 4, 0):\n    pass\n", 14, "static_range.. step must not be zero"),
     ("for i in static_range('a'):\n    pass\n", 14, "static_range end must be an integer, got the string 'a'"),
-    ("y = max(f32, 1)\n", 9, r"max\(\) reduces a block of numbers, got the dtype f32"),
+    ("y = max(f32)\n", 9, r"max\(\) reduces a block of numbers, got the dtype f32"),
     ("y = minimum(1, 'a')\n", 9, "expected a number or a block, got the string 'a'"),
     ("y = trans(zeros([2, 4]), 0, 1.0)\n", 9, r"trans\(\) dims \[0, 1.0\] are not a permutation"),
     ("y = arange(0, 4).shape[0.5]\n", 9, "is not an integer in range"),

@@ -110,6 +110,10 @@ def infer(op: ir.Op) -> Facts:
         return Facts((1,) * rank, (1,) * rank, f.const)
     if kind in RULES:
         return RULES[kind](op, facts(op.args[0]), facts(op.args[1]))
+    if kind == "hint":  # the user's promise, added to what is proven
+        f, div, contig = facts(op.args[0]), op.attrs.get("multiple_of"), op.attrs.get("max_contiguous")
+        return Facts(tuple(map(max, f.contig, contig or f.contig)),
+                     tuple(max(d, pow2_divisor(n)) for d, n in zip(f.div, div or f.div)), f.const, f.value)
     return unknown(rank)
 
 
@@ -120,7 +124,7 @@ def region(r: ir.Region) -> None:
             iv.facts = Facts((1,), (min(facts(op.args[0]).div[0], facts(op.args[2]).div[0]),), (1,))
         for sub in op.regions:
             region(sub)
-        if len(op.results) == 1 and op.kind not in ("for", "if"):
+        if len(op.results) == 1 and op.kind not in ("for", "while", "if"):
             op.result.facts = infer(op)
 
 

@@ -105,7 +105,8 @@ class Pipeliner:
     def loop(self, parent: ir.Region, loop: ir.Op) -> None:
         body = loop.regions[0]
         iv = body.params[0]
-        found = self.candidates(body, iv)
+        s_count = loop.attrs.get("num_stages", self.stages)  # range(..., num_stages=) overrides the kernel's
+        found = self.candidates(body, iv) if s_count >= 2 else []
         if not found:
             return
         lo, hi, step = loop.args[:3]
@@ -113,7 +114,6 @@ class Pipeliner:
         step_op = self.defs.get(id(step))
         down = step_op is not None and step_op.kind == "const" and step_op.attrs["value"] < 0
         inside = self.inside(body)
-        s_count = self.stages
         *_, yield_op = body.ops
         # a wgmma that only accumulates into a carried value may run on while the next iteration starts (one group
         # in flight): the slot it reads is then overwritten two iterations later, so copies run stages - 2 ahead
@@ -229,7 +229,7 @@ def remove_dead(r: ir.Region, readers: dict) -> bool:
 
 
 def pipeline(k: ir.Kernel) -> ir.Kernel:
-    if k.spec.num_stages >= 2:
+    if any(op.attrs.get("num_stages", k.spec.num_stages) >= 2 for op in ir.walk(k.body) if op.kind == "for"):
         Pipeliner(k).region(k.body)
         while remove_dead(k.body, uses(k)):
             pass
