@@ -667,11 +667,8 @@ class Checker:
         return Type(shape, promote(ta.dtype, tb.dtype))
 
     def coerce(self, v, t: Type, name: str, span: Span) -> ir.Value:
-        if v is UNDEF:  # a path that has left: any value of the type does
-            if isinstance(t.dtype, Ptr):
-                raise NkError(f"'{name}' is a pointer made on only some paths of this `if`", span,
-                              "compute the pointer before the `if`")
-            v = 0
+        if v is UNDEF:  # a path that has left: any value of the type does (a null pointer for a pointer)
+            v = self.emit("const", [], Type((), t.dtype), span, {"value": 0}) if isinstance(t.dtype, Ptr) else 0
         v = self.cast(self.value(v, span, t.dtype if not isinstance(t.dtype, Ptr) else None), t.dtype, span)
         return self.to_shape(v, t.shape, span)
 
@@ -891,6 +888,21 @@ def breaks(stmts) -> bool:
     return any(isinstance(s, A.Break) or isinstance(s, A.If) and breaks(s.body + s.orelse) for s in stmts)
 
 
+def drop_unread_merges(body: ir.Region) -> None:
+    """Drop the results of `if` ops that nothing reads (after an early exit, every name the rest of the block
+    makes is merged, though the code after it rarely reads them), until none is left."""
+    while True:
+        read = {id(a) for op in ir.walk(body) for a in op.args}
+        unread = [(op, i) for op in ir.walk(body) if op.kind == "if" for i, r in enumerate(op.results)
+                  if id(r) not in read]
+        if not unread:
+            return
+        for op, i in reversed(unread):
+            del op.results[i]
+            for r in op.regions:
+                del r.ops[-1].args[i]
+
+
 def merged(j) -> list:
     """The types of the results that a merged structure (Checker.join) takes."""
     return [j] if isinstance(j, Type) else [t for x in j for t in merged(x)] if isinstance(j, tuple) else []
@@ -972,6 +984,7 @@ def check(module: A.Module, name: str, spec) -> ir.Kernel:
         c.env[p.name] = c.cast(v, t, p.span)
     c.env[RETURN] = False  # a bare `return` ends the program early
     c.block(d.body)
+    drop_unread_merges(c.region)
     k = ir.Kernel(name, params, c.region, spec, d.span)
     ir.maybe_verify(k)
     return k
@@ -1187,7 +1200,8 @@ def _max_min(c: Checker, span, x, *values, axis=None, keep_dims=False, _name="")
     """max(x, axis=...) reduces one block; max(a, b, ...) compares values elementwise, as Python's max does."""
     if not values or values == (None,):
         return _reduce(c, span, x, axis, keep_dims, _name=_name)
-    if len(values) == 1 and type(values[0]) is int and isinstance(x, ir.Value) and x.type.shape:
+    rank = len(x.type.shape) if isinstance(x, ir.Value) else 0
+    if len(values) == 1 and type(values[0]) is int and -rank <= values[0] < rank:  # both readings are valid
         raise NkError(f"{_name}(x, {values[0]}) is ambiguous: a reduction along axis {values[0]} (Triton) or the "
                       f"elementwise {_name} with {values[0]} (Python)", span,
                       f"write {_name}(x, axis={values[0]}) or {_name}imum(x, {values[0]})")

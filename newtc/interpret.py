@@ -28,7 +28,7 @@ _TORCH = {T.bool_: torch.bool, T.i8: torch.int8, T.i16: torch.int16, T.i32: torc
           T.f16: torch.float16, T.bf16: torch.bfloat16, T.f32: torch.float32, T.f64: torch.float64}
 _MASK = {T.u16: 0xFFFF, T.u32: 0xFFFFFFFF}
 _I64_MIN = -(2 ** 63)
-MAX_ITERATIONS = 1 << 20  # of one `while` loop in one program: more is taken for a loop that never ends
+MAX_ITERATIONS = 1 << 20  # of `while` loops in one program: more is taken for a loop that never ends
 
 
 class _Ptr(NamedTuple):
@@ -42,6 +42,7 @@ class _State:
     pid: tuple
     grid: tuple
     verify: bool  # NEWT_VERIFY: every op's values must have its result's IR type
+    iterations: int = 0  # of `while` loops so far
 
 
 def _held(dt: T.DType) -> torch.dtype:
@@ -244,14 +245,23 @@ def _for(st, op, lo, hi, step, *carried):
     return list(carried)
 
 
+def _constant(st, op):
+    dt = op.result.type.dtype
+    if isinstance(dt, T.Ptr):  # null, on a path that has left: any access through it is out of bounds
+        return _Ptr(torch.empty(0, dtype=_TORCH[dt.elem]), torch.zeros((), dtype=torch.int64))
+    return _const(op.attrs["value"], dt).expand(op.result.type.shape)
+
+
 def _while(st, op, *carried):
     body = op.regions[0]
-    for _ in range(MAX_ITERATIONS):
-        if not bool(carried[0]):
-            return list(carried)
+    while bool(carried[0]):
+        st.iterations += 1
+        if st.iterations > MAX_ITERATIONS:
+            raise NkError(f"`while` loops ran over {MAX_ITERATIONS} iterations in one program: this one does not seem "
+                          "to end", op.span)
         st.env.update(zip(body.params, carried))
         carried = _exec(st, body)
-    raise NkError(f"a `while` loop ran {MAX_ITERATIONS} times in one program: it does not seem to end", op.span)
+    return list(carried)
 
 
 def _if(st, op, cond):
@@ -270,7 +280,7 @@ def _print(st, op, *vals):
 
 _expand = _view(lambda x, op: x.expand(op.result.type.shape))
 OPS = {
-    "const": lambda st, op: _const(op.attrs["value"], op.result.type.dtype).expand(op.result.type.shape),
+    "const": _constant,
     "program_id": lambda st, op: _const(st.pid[op.attrs["axis"]], op.result.type.dtype),
     "num_programs": lambda st, op: _const(st.grid[op.attrs["axis"]], op.result.type.dtype),
     "arange": lambda st, op: _fit(torch.arange(op.attrs["start"], op.attrs["end"]), op.result.type.dtype),

@@ -2,7 +2,7 @@
 
 Every value has a Type (shape, dtype) and, after the layout pass, a Layout. Op kinds:
 
-  const                      attrs value                   scalar constant
+  const                      attrs value                   scalar constant (0 of a pointer type: null)
   param                      (kernel parameters are Kernel.params, not ops)
   program_id, num_programs   attrs axis                    scalar i32 (i64 in 64-bit-index specializations)
   arange                     attrs start, end              block [end-start] i32
