@@ -194,11 +194,12 @@ def test_min_max_keep_their_other_forms():
 
 # ---- x.T -------------------------------------------------------------------------------------------------
 TRANSPOSE = """
-    kernel transpose(x, out, M, N, BM: constexpr, BN: constexpr):
+    kernel transpose(x, out, sums, M, N, BM: constexpr, BN: constexpr):
         rm = program_id(0) * BM + arange(0, BM)
         rn = program_id(1) * BN + arange(0, BN)
         tile = load(x + rm[:, None] * N + rn[None, :], mask=(rm[:, None] < M) & (rn[None, :] < N), other=0)
         store(out + rn[:, None] * M + rm[None, :], tile.T, mask=(rn[:, None] < N) & (rm[None, :] < M))
+        store(sums + program_id(0) * num_programs(1) + program_id(1), sum(tile.T))  # a view reduced whole
 """
 
 
@@ -209,8 +210,14 @@ def test_dot_t_transposes(device, dtype):
     m, n = 37, 70
     x = random_of(dtype, m * n, torch.Generator().manual_seed(3)).reshape(m, n)
     out = torch.full((n, m), 99, dtype=dtype, device=device)
-    mod.transpose[(-(-m // 32), -(-n // 16))](x.to(device), out, m, n, BM=32, BN=16)
+    grid = (-(-m // 32), -(-n // 16))
+    sums = torch.full(grid, float("nan"), dtype=torch.float64, device=device)
+    mod.transpose[grid](x.to(device), out, sums, m, n, BM=32, BN=16)
     assert torch.equal(out.cpu(), x.T)
+    padded = torch.zeros(grid[0] * 32, grid[1] * 16, dtype=torch.float64 if dtype.is_floating_point else torch.int64)
+    padded[:m, :n] = x
+    want = padded.reshape(grid[0], 32, grid[1], 16).sum((1, 3)).to(dtype).double()  # a sum keeps the dtype (i8 wraps)
+    torch.testing.assert_close(sums.cpu(), want, rtol=1e-2, atol=0.5)  # f16 sums round
 
 
 # ---- generated code --------------------------------------------------------------------------------------
@@ -219,7 +226,8 @@ CODEGEN = [
      {"BLOCK": 64}),
     ("extremes", EXTREMES, (*(torch.empty(64, dtype=torch.float16) for _ in range(3)), torch.empty(1, dtype=torch.float16),
                             torch.empty(1, dtype=torch.int32), 64, 1), {"BLOCK": 64}),
-    ("transpose", TRANSPOSE, (torch.empty(8, 8), torch.empty(8, 8), 8, 8), {"BM": 32, "BN": 16}),
+    ("transpose", TRANSPOSE, (torch.empty(8, 8), torch.empty(8, 8), torch.empty(1, dtype=torch.float64), 8, 8),
+     {"BM": 32, "BN": 16}),
 ]
 
 

@@ -192,6 +192,8 @@ class Plan:
         if kind == "if":
             return self.branch(op)
         res = op.results[0] if op.results else None
+        if kind == "reduce" and not res.type.shape:  # a full reduction reads a free operand in some layout too
+            self.want[id(op)] = [self.of(op.args[0])]
         if kind == "store":
             ptr, val, _ = op.args
             if ptr.type.shape:
