@@ -711,7 +711,7 @@ class Checker:
     def runtime_for(self, s: A.For, lo, hi, step, options: dict):
         if is_const(step) and step == 0:
             raise NkError("range() step must not be zero", s.iter.span)
-        down = is_const(step) and step < 0
+        down = is_number(step) and step < 0
         lo, hi, step = self.unify([lo, hi, step], s.iter.span)
         if lo.type.shape or not lo.type.dtype.is_int:
             raise NkError("range() bounds must be integer scalars", s.iter.span)

@@ -252,15 +252,26 @@ def _constant(st, op):
     return _const(op.attrs["value"], dt).expand(op.result.type.shape)
 
 
+def _same(a, b) -> bool:
+    if isinstance(a, _Ptr):
+        return a.base is b.base and torch.equal(a.off, b.off)
+    return torch.equal(a, b)
+
+
 def _while(st, op, *carried):
     body = op.regions[0]
+    # without writes to memory, an iteration that changes no carried value is repeated forever
+    pure = not any(o.kind in ("store", "atomic") for o in ir.walk(body))
     while bool(carried[0]):
         st.iterations += 1
         if st.iterations > MAX_ITERATIONS:
             raise NkError(f"`while` loops ran over {MAX_ITERATIONS} iterations in one program: this one does not seem "
                           "to end", op.span)
         st.env.update(zip(body.params, carried))
-        carried = _exec(st, body)
+        carried, last = _exec(st, body), carried
+        if pure and all(map(_same, carried, last)):
+            raise NkError("this `while` loop never ends: an iteration changed none of its values", op.span,
+                          "update a value that its condition reads")
     return list(carried)
 
 

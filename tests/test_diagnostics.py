@@ -571,6 +571,8 @@ K = "kernel k(x, n):\n    v = load(x + arange(0, 4))\n"
     (K + "    y = multiple_of(arange(0, 4), n)\n", 3, 9, r"multiple_of\(\) values must be a compile-time constant", None),
     (K + "    for i in range(0, n, num_stages=0):\n        pass\n", 3, 14,
      r"range\(num_stages=\) must be an integer of at least 1, got int 0", None),
+    (K + "    for i in range(0, n, (1, 2)):\n        pass\n", 3, 14, r"expected a number or a block, got tuple \(1, 2\)",
+     None),
     (K + "    for i in range(0, n, stages=2):\n        pass\n", 3, 14,
      r"range\(\) takes 1 to 3 positional arguments and the options num_stages= and unroll=", None),
     (K + "    for i in static_range(0, 4, unroll=2):\n        pass\n", 3, 14,
@@ -594,8 +596,8 @@ K = "kernel k(x, n):\n    v = load(x + arange(0, 4))\n"
      "helper 'h' returns a value on some paths and none on others", "end it with a `return`"),
     (K + "    y = n.T\n", 3, 9, r"trans\(\) needs a block, got a scalar", None),
 ], ids=["min-max-ambiguous", "min-max-axis", "hint-dtype", "hint-pow2", "hint-rank", "hint-runtime", "num-stages",
-        "range-option", "static-range-option", "break", "continue-in-helper", "constexpr-runtime", "annotation",
-        "constexpr-value", "while-block", "return-in-loop", "return-types", "return-tuple", "return-some-paths",
+        "range-tuple-step", "range-option", "static-range-option", "break", "continue-in-helper", "constexpr-runtime",
+        "annotation", "constexpr-value", "while-block", "return-in-loop", "return-types", "return-tuple", "return-some-paths",
         "T-scalar"])
 def test_control_flow_and_hint_mistakes(text, line, col, message, hint):
     with pytest.raises(newtc.NkError) as e:
@@ -603,12 +605,17 @@ def test_control_flow_and_hint_mistakes(text, line, col, message, hint):
     assert_diagnostic(e.value, "flow.nk", line, col, message, hint)
 
 
-def test_an_endless_while_is_an_error_in_the_interpreter(monkeypatch):
+@pytest.mark.parametrize("update, message", [
+    ("i = (i + 1) % 7", r"`while` loops ran over 500 iterations in one program"),
+    ("i = i * 1", r"this `while` loop never ends: an iteration changed none of its values"),
+], ids=["cycles", "stuck"])
+def test_an_endless_while_is_an_error_in_the_interpreter(monkeypatch, update, message):
     monkeypatch.setattr(newtc.interpret, "MAX_ITERATIONS", 500)
-    mod = newtc.compile("kernel k(x, n):\n    i = 0\n    while i < n:\n        i = i * 1\n    store(x, i)\n", "endless.nk")
+    text = f"kernel k(x, n):\n    i = 0\n    while i < n:\n        {update}\n    store(x, i)\n"
+    mod = newtc.compile(text, "endless.nk")
     with pytest.raises(newtc.NkError) as e:
-        mod.k[(1,)](torch.zeros(1, dtype=torch.int32), 5)
-    assert_diagnostic(e.value, "endless.nk", 3, 5, r"`while` loops ran over 500 iterations in one program")
+        mod.k[(1,)](torch.zeros(1, dtype=torch.int32), 9)
+    assert_diagnostic(e.value, "endless.nk", 3, 5, message)
 
 
 def test_a_while_true_without_break_is_too_long():
