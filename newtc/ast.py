@@ -103,6 +103,7 @@ class Assign:
     targets: list[Expr]  # one target, or several for `a, b = ...` (a TupleExpr is flattened here)
     value: Expr
     span: Span
+    annotation: Expr | None = None  # `B: constexpr = 16`
 
 
 @dataclass
@@ -128,6 +129,23 @@ class For:
 
 
 @dataclass
+class While:
+    cond: Expr
+    body: list["Stmt"]
+    span: Span
+
+
+@dataclass
+class Break:
+    span: Span
+
+
+@dataclass
+class Continue:
+    span: Span
+
+
+@dataclass
 class If:
     cond: Expr
     body: list["Stmt"]
@@ -146,7 +164,7 @@ class Pass:
     span: Span
 
 
-Stmt = Assign | AugAssign | ExprStmt | For | If | Return | Pass
+Stmt = Assign | AugAssign | ExprStmt | For | While | Break | Continue | If | Return | Pass
 
 
 # ---- definitions -----------------------------------------------------------------------------
@@ -194,8 +212,8 @@ def walk(node):
 
 # ---- the AST as JSON (the disk cache stores it so; nothing in it executes on load) ---------------
 NODES = {cls.__name__: cls for cls in (Name, Num, Const, Str, BinOp, UnaryOp, Call, Attribute, Slice, Subscript,
-                                       TupleExpr, ListExpr, Assign, AugAssign, ExprStmt, For, If, Return, Pass,
-                                       Param, FuncDef)}
+                                       TupleExpr, ListExpr, Assign, AugAssign, ExprStmt, For, While, Break, Continue,
+                                       If, Return, Pass, Param, FuncDef)}
 
 
 def to_json(module: Module) -> bytes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import itertools
 import math
 import sys
 
@@ -50,9 +51,17 @@ MAX_STATEMENTS = 2**17  # statements checked, after static_range unrolling and h
 MAX_CONST = 2**64  # compile-time integers stay within (-MAX_CONST, MAX_CONST)
 
 
-class _Return(Exception):
-    def __init__(self, value, span):
-        self.value, self.span = value, span
+# Hidden names in the environment (keywords, so no user name can clash): whether this path has left the loop
+# body (`break`, `continue`) or the definition (`return`), the value it returns, and a `while` loop's condition.
+BREAK, CONTINUE, RETURN, RESULT, COND = "break", "continue", "return", "return value", "while"
+EXITS = (BREAK, CONTINUE, RETURN)
+
+
+class Undefined:
+    """The value of a name on a path that has left: the name is merged with what it is on the other paths."""
+
+
+UNDEF = Undefined()
 
 
 @dataclass
@@ -60,6 +69,16 @@ class Method:
     """`x.to` before it is called."""
     value: ir.Value
     name: str
+
+
+@dataclass
+class Iteration:
+    """One iteration of a static_range loop, as a statement: after a `break` under a runtime condition, the
+    later ones run under an `if`, as any statement does."""
+    name: str
+    value: int
+    body: list
+    span: Span
 
 
 @dataclass(frozen=True)
@@ -337,6 +356,8 @@ class Checker:
                 return v.type.shape
             if e.attr == "to":
                 return Method(v, "to")
+            if e.attr == "T":
+                return self.call_builtin("trans", [v], {}, e.span)
         elif isinstance(v, (bool, int, float)) and e.attr == "to":
             return Method(self.value(v, e.span), "to")
         elif v == Func("libdevice"):
@@ -544,12 +565,27 @@ class Checker:
 
     # ---- statements --------------------------------------------------------------------------
     def block(self, stmts: list):
-        for s in stmts:
-            self.statements += 1
+        for i, s in enumerate(stmts):
+            left = [f for f in EXITS if self.env.get(f) is True or isinstance(self.env.get(f), ir.Value)]
+            if left:  # the rest runs only on the paths that have not left
+                return None if any(self.env[f] is True for f in left) else self.guard(left, stmts[i:])
+            self.statements += not isinstance(s, Iteration)  # the statements of an iteration count, not it
             if self.statements > MAX_STATEMENTS:
-                raise NkError(f"the kernel is too long: over {MAX_STATEMENTS} statements once static_range loops "
-                              "are unrolled and helpers inlined", s.span, "use a runtime range() loop")
+                raise NkError(f"the kernel is too long: over {MAX_STATEMENTS} statements once static_range loops, "
+                              "`while` loops on compile-time conditions and helpers are unrolled", s.span,
+                              "use a runtime loop")
             getattr(self, "stmt_" + type(s).__name__)(s)
+
+    def guard(self, flags: list, rest: list) -> None:
+        """`rest` under a runtime `if` on the paths where no flag is set. Inside, every flag is False; on the other
+        side, a single flag is known to be True."""
+        span = rest[0].span
+        left = self.env[flags[0]]
+        for f in flags[1:]:
+            left = self.emit("or", [left, self.env[f]], Type((), bool_), span)
+        stay = self.emit("not", [left], Type((), bool_), span)
+        known = {flags[0]: True} if len(flags) == 1 else {}
+        self.branch(stay, [(rest, dict.fromkeys(flags, False)), ([], known)], span)
 
     def stmt_Pass(self, s):
         pass
@@ -558,7 +594,19 @@ class Checker:
         self.expr(s.value)
 
     def stmt_Return(self, s: A.Return):
-        raise _Return(self.expr(s.value) if s.value is not None else None, s.span)
+        if RESULT not in self.env and s.value is not None:
+            raise NkError("a kernel cannot return a value; store results through pointers", s.span)
+        if RESULT in self.env:
+            self.env[RESULT] = self.expr(s.value) if s.value is not None else None
+        self.env[RETURN] = True
+
+    def stmt_Break(self, s):
+        flag = type(s).__name__.lower()  # "break" or "continue": set in loop bodies only
+        if self.env.get(flag) is None:
+            raise NkError(f"'{flag}' outside a loop", s.span)
+        self.env[flag] = True
+
+    stmt_Continue = stmt_Break
 
     def assign(self, target, value, span: Span):
         if isinstance(target, A.Name):
@@ -579,6 +627,13 @@ class Checker:
 
     def stmt_Assign(self, s: A.Assign):
         value = self.expr(s.value)
+        if s.annotation is not None:  # `B: constexpr = 16`
+            if not is_constexpr_annot(s.annotation):
+                raise NkError("a local name takes only the annotation `constexpr`", s.annotation.span,
+                              "write `B: constexpr = 16`, or convert the value with .to(dtype)")
+            if not is_constexpr_value(self.constexpr(value, f"constexpr '{s.targets[0].id}'", s.value.span)):
+                raise NkError(f"constexpr '{s.targets[0].id}' cannot be {describe(value)}", s.value.span,
+                              "a constexpr is an int, a float, a bool, a string, a dtype or a tuple of these")
         if len(s.targets) == 1:
             self.assign(s.targets[0], value, s.span)
         else:
@@ -595,37 +650,68 @@ class Checker:
         if cond.type.shape:
             raise NkError(f"an `if` condition must be a scalar, got a block {cond.type}", s.cond.span,
                           "use where(cond, a, b) to choose per element")
-        cond = self.truth(cond, s.cond.span)
-        before = dict(self.env)
-        branches = []
-        for body in (s.body, s.orelse):
-            self.env = dict(before)
-            region, self.region = self.region, ir.Region()
-            try:
-                self.block(body)
-            except _Return:
-                raise NkError("`return` inside a runtime `if` is not supported", s.span,
-                              "assign a variable in both branches and return it after the `if`") from None
-            branches.append((self.region, self.env))
+        self.branch(self.truth(cond, s.cond.span), [(s.body, {}), (s.orelse, {})], s.span)
+
+    def branch(self, cond: ir.Value, arms: list, span: Span) -> None:
+        """A runtime `if`: each arm (statements, names known on that side) in its own region. A name that differs
+        after them becomes a result of the op; a path that has left (break, continue, return) does not count."""
+        before, outer = dict(self.env), self.region
+        envs, regions = [], []
+        for body, known in arms:
+            self.env, self.region = {**before, **known}, ir.Region()
+            self.block(body)
+            envs.append(self.env)
+            regions.append(self.region)
+        inner = {id(r) for region in regions for op in ir.walk(region) for r in op.results}
+        gone = [any(env.get(f) is True for f in EXITS) for env in envs]
+        names = sorted(n for n in envs[0].keys() | envs[1].keys()
+                       if (n in envs[0] or gone[0]) and (n in envs[1] or gone[1]))
+        sides = [[env.get(n, UNDEF) for n in names] for env in envs]
+        joined = [self.join(n, a, b, inner, span) for n, a, b in zip(names, *sides)]
+        for region, side in zip(regions, sides):
             self.region = region
-        b0, b1 = branches[0][1], branches[1][1]
-        names = sorted(n for n in set(b0) & set(b1) if b0[n] is not b1[n])
-        slots = {(n, i): (x, y) for n in names for i, (x, y) in enumerate(pairs(n, b0[n], b1[n], s.span))
-                 if x is not y and (isinstance(x, ir.Value) or isinstance(y, ir.Value) or x != y)}
-        types = {k: self.join_type(k[0], x, y, s.span) for k, (x, y) in slots.items()}
-        outer = self.region
-        for j, (region, env) in enumerate(branches):
-            self.region = region
-            vals = [self.coerce(xy[j], types[k], k[0], s.span) for k, xy in slots.items()]
-            self.emit("yield", vals, None, s.span)
+            self.emit("yield", [v for n, j, x in zip(names, joined, side) for v in self.fill(j, x, n, span)], None,
+                      span)
         self.region = outer
-        op = ir.Op("if", [cond], [ir.Value(t, k[0]) for k, t in types.items()], {}, s.span,
-                   [branches[0][0], branches[1][0]])
+        op = ir.Op("if", [cond], [ir.Value(t, n) for n, j in zip(names, joined) for t in merged(j)], {}, span, regions)
         self.region.ops.append(op)
-        self.env = dict(before)
-        results = dict(zip(slots, op.results))
-        for n in set(b0) & set(b1):
-            self.env[n] = rebuild(b0[n], [results.get((n, i), v) for i, v in enumerate(leaves(b0[n]))])
+        results = iter(op.results)
+        self.env = {n: rebuild_merged(j, results) for n, j in zip(names, joined)}
+
+    def join(self, name: str, a, b, inner: set, span: Span):
+        """What `name` is after a runtime `if` whose arms leave it a and b: the same value (compile-time, or a
+        runtime value from before the `if`), a Type (a result of the op) or a tuple of these."""
+        if a is UNDEF:
+            a, b = b, a
+        if a is b or (is_const(a) and is_const(b) and a == b):
+            return a
+        if b is UNDEF:  # only the other path goes on
+            if isinstance(a, (tuple, BlockPtr)):
+                parts = [self.join(name, x, UNDEF, inner, span) for x in leaves_of(a)]
+                return tuple(parts) if isinstance(a, tuple) else a.rebuild(parts)
+            return a.type if isinstance(a, ir.Value) and id(a) in inner else a
+        if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+            return tuple(self.join(name, x, y, inner, span) for x, y in zip(a, b))
+        if isinstance(a, BlockPtr) or isinstance(b, BlockPtr):  # its runtime parts, one by one
+            return a.rebuild([self.join(name, x, y, inner, span) for x, y in pairs(name, a, b, span)])
+        try:
+            t = self.join_type(name, a, b, span)
+            if name != RESULT or not any(isinstance(v, ir.Value) and v.type != t for v in (a, b)):
+                return t
+        except NkError:
+            if name != RESULT:
+                raise
+        raise NkError(f"this helper returns {describe(a)} on one path and {describe(b)} on another", span,
+                      "return values of one shape and dtype on every path")
+
+    def fill(self, j, v, name: str, span: Span) -> list:
+        """The values an arm yields for the merged structure j (from join); v is the arm's value."""
+        if isinstance(j, Type):
+            return [self.coerce(v, j, name, span)]
+        if isinstance(j, (tuple, BlockPtr)):
+            return [x for i, y in enumerate(leaves_of(j))
+                    for x in self.fill(y, UNDEF if v is UNDEF else leaves_of(v)[i], name, span)]
+        return []
 
     def join_type(self, name: str, a, b, span: Span) -> Type:
         ta = a.type if isinstance(a, ir.Value) else None
@@ -652,6 +738,8 @@ class Checker:
         return Type(shape, promote(ta.dtype, tb.dtype))
 
     def coerce(self, v, t: Type, name: str, span: Span) -> ir.Value:
+        if v is UNDEF:  # a path that has left: any value of the type does (a null pointer for a pointer)
+            v = self.emit("const", [], Type((), t.dtype), span, {"value": 0}) if isinstance(t.dtype, Ptr) else 0
         v = self.cast(self.value(v, span, t.dtype if not isinstance(t.dtype, Ptr) else None), t.dtype, span)
         return self.to_shape(v, t.shape, span)
 
@@ -661,31 +749,102 @@ class Checker:
             raise NkError("a kernel loop iterates over range(...) or static_range(...)", s.iter.span,
                           "tile loops (`tiles(...)`) belong to tile programs, which deuteron compiles")
         args = [self.expr(a) for a in s.iter.args]
-        if s.iter.kwargs or not 1 <= len(args) <= 3:
-            raise NkError(f"{s.iter.func.id}() takes 1 to 3 positional arguments", s.iter.span)
+        static = s.iter.func.id == "static_range"
+        options = {k: self.constexpr(self.expr(v), f"{k}=", v.span) for k, v in s.iter.kwargs}
+        if not 1 <= len(args) <= 3 or options.keys() - ({"num_stages", "unroll"} if not static else set()):
+            raise NkError(f"{s.iter.func.id}() takes 1 to 3 positional arguments"
+                          + ("" if static else " and the options num_stages= and unroll="), s.iter.span)
+        for k, v in options.items():
+            if type(v) is not int or v < 1:
+                raise NkError(f"range({k}=) must be an integer of at least 1, got {describe(v)}", s.iter.span)
         lo, hi, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) == 3 else 1)
         if not isinstance(s.target, A.Name):
             raise NkError("a range loop binds one name", s.target.span)
-        if s.iter.func.id == "static_range":
+        if static:
             for v, what in ((lo, "start"), (hi, "end"), (step, "step")):
                 if type(self.constexpr(v, f"static_range {what}", s.iter.span)) is not int:
                     raise NkError(f"static_range {what} must be an integer, got {describe(v)}", s.iter.span)
             if step == 0:
                 raise NkError("static_range() step must not be zero", s.iter.span)
-            for i in range(lo, hi, step):
-                self.env[s.target.id] = i
-                self.block(s.body)
+            outer = {f: self.env.get(f) for f in (BREAK, CONTINUE)}
+            self.env[BREAK] = self.env[CONTINUE] = False
+            iterations = itertools.islice(range(lo, hi, step), MAX_STATEMENTS + 1)  # each runs a statement at least
+            self.block([Iteration(s.target.id, i, s.body, s.span) for i in iterations])
+            self.env.update(outer)
             return
-        self.runtime_for(s, lo, hi, step)
+        self.runtime_for(s, lo, hi, step, options)
 
-    def runtime_for(self, s: A.For, lo, hi, step):
-        span = s.span
+    def stmt_Iteration(self, s: Iteration):
+        self.env[s.name] = s.value
+        self.block(s.body)
+        self.env[CONTINUE] = False  # the iteration is over, on every path
+
+    def runtime_for(self, s: A.For, lo, hi, step, options: dict):
         if is_const(step) and step == 0:
             raise NkError("range() step must not be zero", s.iter.span)
-        bounds = self.unify([lo, hi, step], s.iter.span)
-        if bounds[0].type.shape or not bounds[0].type.dtype.is_int:
+        down = is_number(step) and step < 0
+        lo, hi, step = self.unify([lo, hi, step], s.iter.span)
+        if lo.type.shape or not lo.type.dtype.is_int:
             raise NkError("range() bounds must be integer scalars", s.iter.span)
-        carried = [n for n in assigned_names(s.body) if n in self.env and n != s.target.id
+        if not breaks(s.body):
+            def run(own):
+                self.env[s.target.id] = own[0]
+                self.block(s.body)
+                return []
+            return self.runtime_loop("for", [lo, hi, step], [(s.target.id, lo.type)], s, run, options)
+
+        def run(own):  # a loop that may break is a `while` over its counter (so it is not software-pipelined)
+            self.env[s.target.id] = own[1]
+            self.block(s.body)
+            i = self.binary("+", own[1], step, s.span)
+            more, broke = self.binary(">" if down else "<", i, hi, s.span), self.env[BREAK]
+            return [False if broke is True else more if broke is False else
+                    self.binary("and", more, self.emit("not", [broke], broke.type, s.span), s.span), i]
+        first = self.binary(">" if down else "<", lo, hi, s.span)
+        own = [(COND, Type((), bool_)), (s.target.id, lo.type)]
+        self.runtime_loop("while", [first, lo], own, s, run, {k: v for k, v in options.items() if k == "unroll"})
+
+    def stmt_While(self, s: A.While):
+        """Iterations whose condition is a compile-time value are unrolled; from the first that is not, or that may
+        leave under a runtime condition (it is taken back), the rest is a runtime loop."""
+        outer = {f: self.env.get(f) for f in (BREAK, CONTINUE)}
+        while True:
+            cond = self.expr(s.cond)
+            if is_const(cond):
+                if not cond:
+                    break
+                mark = len(self.region.ops), dict(self.env), self.statements
+                self.env[BREAK] = self.env[CONTINUE] = False
+                self.block(s.body)
+                if not any(isinstance(self.env.get(f), ir.Value) for f in EXITS):
+                    if self.env[BREAK] is True or self.env.get(RETURN) is True:
+                        break
+                    continue
+                del self.region.ops[mark[0]:]
+                self.env, self.statements = mark[1], mark[2]
+            self.runtime_while(s, cond)
+            break
+        self.env.update(outer)
+
+    def runtime_while(self, s: A.While, cond):
+        if isinstance(cond, ir.Value) and cond.type.shape:
+            raise NkError(f"a `while` condition must be a scalar, got a block {cond.type}", s.cond.span,
+                          "reduce it first, e.g. max(v, axis=0)")
+
+        def run(own):
+            self.block(s.body)
+            self.env[CONTINUE] = self.env[COND] = False  # after a `break`, the condition is not evaluated
+            self.block([A.Assign([A.Name(COND, s.cond.span)], s.cond, s.cond.span)])
+            return [self.env[COND]]
+        first = self.truth(self.value(cond, s.cond.span), s.cond.span)
+        self.runtime_loop("while", [first], [(COND, Type((), bool_))], s, run, {})
+
+    def runtime_loop(self, kind: str, args: list, own: list, s, run, attrs: dict) -> None:
+        """A `for` or `while` op, traced until the types of its carried values settle. `own` are the region's
+        leading parameters (name, type): the counter, a `while`'s condition; run(their values) runs the body
+        once and returns their next values. A block pointer is carried as its scalars, and a part the body
+        leaves as it is (a block pointer's shape, say) is not carried."""
+        carried = [n for n in assigned_names(s.body) if n in self.env and n not in dict(own)
                    and isinstance(self.env[n], (ir.Value, bool, int, float, BlockPtr))]
         before = dict(self.env)
         init = {(n, i): v for n in carried for i, v in enumerate(leaves(before[n]))}  # a slot per runtime part
@@ -693,53 +852,54 @@ class Checker:
         types = {k: v.type if isinstance(v, ir.Value) else Type((), literal_dtype(v)) for k, v in init.items()}
         for attempt in range(4):
             outer = self.region
-            body = ir.Region([ir.Value(bounds[0].type, s.target.id)] + [ir.Value(types[k], k[0]) for k in slots])
-            params = dict(zip(slots, body.params[1:]))
-            self.region = body
-            self.env = dict(before)
-            self.env[s.target.id] = body.params[0]
+            body = self.region = ir.Region([ir.Value(t, n) for n, t in own] + [ir.Value(types[k], k[0]) for k in slots])
+            params = dict(zip(slots, body.params[len(own):]))
+            self.env = {**before, BREAK: False, CONTINUE: False}
             for n in carried:
                 self.env[n] = rebuild(before[n], [params.get((n, i), v) for i, v in enumerate(leaves(before[n]))])
-            try:
-                self.block(s.body)
-            except _Return:
-                raise NkError("`return` inside a runtime loop is not supported", span) from None
-            ends = {(n, i): y for n in carried for i, (x, y) in enumerate(pairs(n, before[n], self.env[n], span))}
+            nexts = run(body.params[:len(own)])
+            if self.env.get(RETURN) not in (None, False):
+                raise NkError("`return` inside a runtime loop is not supported", s.span,
+                              "break out of the loop and return after it")
+            ends = {(n, i): y for n in carried for i, (x, y) in enumerate(pairs(n, before[n], self.env[n], s.span))}
             self.region = outer
-            kept = [k for k in slots if ends[k] is not params[k]]  # a part the body leaves as it is is not carried
-            new = {k: self.join_type(k[0], ends[k], params[k], span) for k in kept}
+            kept = [k for k in slots if ends[k] is not params[k]]
+            new = {k: self.join_type(k[0], ends[k], params[k], s.span) for k in kept}
             if kept == slots and all(new[k] == types[k] for k in slots):
                 break
             slots, types = kept, new  # a literal or narrower init met a wider value in the body: widen and trace again
         else:
-            raise NkError("loop-carried types did not settle", span)
+            raise NkError("loop-carried types did not settle", s.span)
         self.region = body
-        self.emit("yield", [self.coerce(ends[k], types[k], k[0], span) for k in slots], None, span)
+        self.emit("yield", [self.coerce(v, t, n, s.span) for v, (n, t) in zip(nexts, own)]
+                  + [self.coerce(ends[k], types[k], k[0], s.span) for k in slots], None, s.span)
         self.region = outer
-        self.env = dict(before)
-        inits = [self.coerce(init[k], types[k], k[0], span) for k in slots]
-        op = ir.Op("for", bounds + inits, [ir.Value(types[k], k[0]) for k in slots], {}, span, [body])
+        self.env = before
+        inits = [self.coerce(init[k], types[k], k[0], s.span) for k in slots]
+        results = [ir.Value(t, n) for n, t in own if kind == "while"] + [ir.Value(types[k], k[0]) for k in slots]
+        op = ir.Op(kind, args + inits, results, attrs, s.span, [body])
         self.region.ops.append(op)
-        results = dict(zip(slots, op.results))
+        out = dict(zip(slots, op.results[len(op.results) - len(slots):]))
         for n in carried:
-            self.env[n] = rebuild(before[n], [results.get((n, i), v) for i, v in enumerate(leaves(before[n]))])
+            self.env[n] = rebuild(before[n], [out.get((n, i), v) for i, v in enumerate(leaves(before[n]))])
 
     # ---- helpers -----------------------------------------------------------------------------
     def inline(self, d: A.FuncDef, args, kwargs, span: Span):
         if self.depth > 32:
             raise NkError(f"helper '{d.name}' calls itself too deeply (recursion is not supported)", span)
         env = self.bind(d, args, kwargs, span)
-        saved, self.env = self.env, env
+        saved, self.env = self.env, {**env, RETURN: False, RESULT: UNDEF}
         self.depth += 1
         try:
             self.block(d.body)
-            result = None
-        except _Return as r:
-            result = r.value
+            done, result = self.env[RETURN], self.env[RESULT]
         finally:
             self.env = saved
             self.depth -= 1
-        return result
+        if done is not True and result is not UNDEF and result is not None:
+            raise NkError(f"helper '{d.name}' returns a value on some paths and none on others", d.span,
+                          "end it with a `return`")
+        return None if result is UNDEF else result
 
     def bind(self, d: A.FuncDef, args, kwargs, span: Span) -> dict:
         names = [p.name for p in d.params]
@@ -797,10 +957,50 @@ def assigned_names(stmts) -> list[str]:
         elif isinstance(s, A.If):
             for n in assigned_names(s.body) + assigned_names(s.orelse):
                 add(A.Name(n, s.span))
-        elif isinstance(s, A.For):
+        elif isinstance(s, (A.For, A.While)):
             for n in assigned_names(s.body):
                 add(A.Name(n, s.span))
     return out
+
+
+def breaks(stmts) -> bool:
+    """Whether a loop body may `break` (a `break` in a nested loop is that loop's)."""
+    return any(isinstance(s, A.Break) or isinstance(s, A.If) and breaks(s.body + s.orelse) for s in stmts)
+
+
+def drop_unread_merges(body: ir.Region) -> None:
+    """Drop the results of `if` ops that nothing reads (after an early exit, every name the rest of the block
+    makes is merged, though the code after it rarely reads them), until none is left."""
+    while True:
+        read = {id(a) for op in ir.walk(body) for a in op.args}
+        unread = [(op, i) for op in ir.walk(body) if op.kind == "if" for i, r in enumerate(op.results)
+                  if id(r) not in read]
+        if not unread:
+            return
+        for op, i in reversed(unread):
+            del op.results[i]
+            for r in op.regions:
+                del r.ops[-1].args[i]
+
+
+def merged(j) -> list:
+    """The types of the results that a merged structure (Checker.join) takes."""
+    if isinstance(j, (tuple, BlockPtr)):
+        return [t for x in leaves_of(j) for t in merged(x)]
+    return [j] if isinstance(j, Type) else []
+
+
+def leaves_of(v) -> list:
+    """The parts of a tuple or of a block pointer."""
+    return list(v) if isinstance(v, tuple) else v.leaves()
+
+
+def rebuild_merged(j, results):
+    """A merged structure with each of its types replaced by the next result."""
+    if isinstance(j, (tuple, BlockPtr)):
+        parts = [rebuild_merged(x, results) for x in leaves_of(j)]
+        return tuple(parts) if isinstance(j, tuple) else j.rebuild(parts)
+    return next(results) if isinstance(j, Type) else j
 
 
 def describe(v) -> str:
@@ -872,10 +1072,9 @@ def check(module: A.Module, name: str, spec) -> ir.Kernel:
         v = ir.Value(Type((), f32 if t.is_float and t.bits < 32 else t), p.name)
         params.append(v)
         c.env[p.name] = c.cast(v, t, p.span)
-    try:
-        c.block(d.body)
-    except _Return as r:
-        raise NkError("a kernel cannot return a value; store results through pointers", r.span) from None
+    c.env[RETURN] = False  # a bare `return` ends the program early
+    c.block(d.body)
+    drop_unread_merges(c.region)
     k = ir.Kernel(name, params, c.region, spec, d.span)
     ir.maybe_verify(k)
     return k
@@ -1137,10 +1336,8 @@ def _fma(c: Checker, span, a, b, d):
     return c.emit("fma", [a, b, d], a.type, span)
 
 
-@builtin(*REDUCTIONS)
+@builtin(*REDUCTIONS - {"max", "min"})  # max and min also compare several values: _max_min
 def _reduce(c: Checker, span, x, axis=None, keep_dims=False, *, _name=""):
-    if _name in ("max", "min") and all(is_number(v) for v in (x, axis)):
-        return (max if _name == "max" else min)(x, axis)  # max(A, B) of two constant numbers folds
     if not isinstance(x, ir.Value) or not x.type.shape or isinstance(x.type.dtype, Ptr):
         raise NkError(f"{_name}() reduces a block of numbers, got {describe(x)}", span)
     axis = c.constexpr(axis, "the reduction axis", span)
@@ -1165,6 +1362,43 @@ def _reduce(c: Checker, span, x, axis=None, keep_dims=False, *, _name=""):
         x = c.cast(x, i32, span)
         dtype = i32
     return c.emit("reduce", [x], Type(shape, dtype), span, {"kind": _name, "axis": axis, "keep_dims": keep_dims})
+
+
+@builtin("max", "min")
+def _max_min(c: Checker, span, x, *values, axis=None, keep_dims=False, _name=""):
+    """max(x, axis=...) reduces one block; max(a, b, ...) compares values elementwise, as Python's max does."""
+    if not values or values == (None,):
+        return _reduce(c, span, x, axis, keep_dims, _name=_name)
+    rank = len(x.type.shape) if isinstance(x, ir.Value) else 0
+    if len(values) == 1 and type(values[0]) is int and -rank <= values[0] < rank:  # both readings are valid
+        raise NkError(f"{_name}(x, {values[0]}) is ambiguous: a reduction along axis {values[0]} (Triton) or the "
+                      f"elementwise {_name} with {values[0]} (Python)", span,
+                      f"write {_name}(x, axis={values[0]}) or {_name}imum(x, {values[0]})")
+    if axis is not None or keep_dims is not False:
+        raise NkError(f"{_name}() of several values compares them elementwise: axis= and keep_dims= are for the "
+                      "reduction of one block", span)
+    for v in values:
+        x = _minmax(c, span, x, v, _name=_name + "imum")
+    return x
+
+
+@builtin("multiple_of", "max_contiguous")
+def _hint(c: Checker, span, x, values, *, _name=""):
+    """A promise about the values of x, which the axis analysis takes as known (Triton's tl.multiple_of and
+    tl.max_contiguous): each element, or the first of each run, is a multiple of n; runs of n are consecutive."""
+    values = c.constexpr(values, f"{_name}() values", span)
+    if type(x) is int:
+        return x  # a compile-time integer is known exactly
+    if not isinstance(x, ir.Value) or not (x.type.dtype.is_int or isinstance(x.type.dtype, Ptr)):
+        raise NkError(f"{_name}() takes an integer or pointer value, got {describe(x)}", span)
+    rank = max(1, len(x.type.shape))
+    values = (values,) if type(values) is int and rank == 1 else values
+    if not (isinstance(values, (tuple, list)) and len(values) == rank and
+            all(type(v) is int and v > 0 and (_name == "multiple_of" or is_pow2(v)) for v in values)):
+        raise NkError(f"{_name}() takes {'a positive integer' if _name == 'multiple_of' else 'a power of two'} per "
+                      f"dimension of {describe(x)}, got {describe(values)}", span,
+                      "an int for a scalar or a 1-D block, a tuple for more dimensions")
+    return c.emit("hint", [x], x.type, span, {_name: tuple(values)})
 
 
 @builtin("reshape")

@@ -29,6 +29,7 @@ _TORCH = {T.bool_: torch.bool, T.i8: torch.int8, T.i16: torch.int16, T.i32: torc
           T.f8e4m3: torch.float8_e4m3fn, T.f8e5m2: torch.float8_e5m2}
 _MASK = {T.u16: 0xFFFF, T.u32: 0xFFFFFFFF}
 _I64_MIN = -(2 ** 63)
+MAX_ITERATIONS = 1 << 20  # of `while` loops in one program: more is taken for a loop that never ends
 
 
 class _Ptr(NamedTuple):
@@ -42,6 +43,7 @@ class _State:
     pid: tuple
     grid: tuple
     verify: bool  # NEWT_VERIFY: every op's values must have its result's IR type
+    iterations: int = 0  # of `while` loops so far
 
 
 def _held(dt: T.DType) -> torch.dtype:
@@ -267,6 +269,36 @@ def _for(st, op, lo, hi, step, *carried):
     return list(carried)
 
 
+def _constant(st, op):
+    dt = op.result.type.dtype
+    if isinstance(dt, T.Ptr):  # null, on a path that has left: any access through it is out of bounds
+        return _Ptr(torch.empty(0, dtype=_TORCH[dt.elem]), torch.zeros((), dtype=torch.int64))
+    return _const(op.attrs["value"], dt).expand(op.result.type.shape)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, _Ptr):
+        return a.base is b.base and torch.equal(a.off, b.off)
+    return torch.equal(a, b)
+
+
+def _while(st, op, *carried):
+    body = op.regions[0]
+    # without writes to memory, an iteration that changes no carried value is repeated forever
+    pure = not any(o.kind in ("store", "atomic") for o in ir.walk(body))
+    while bool(carried[0]):
+        st.iterations += 1
+        if st.iterations > MAX_ITERATIONS:
+            raise NkError(f"`while` loops ran over {MAX_ITERATIONS} iterations in one program: this one does not seem "
+                          "to end", op.span)
+        st.env.update(zip(body.params, carried))
+        carried, last = _exec(st, body), carried
+        if pure and all(map(_same, carried, last)):
+            raise NkError("this `while` loop never ends: an iteration changed none of its values", op.span,
+                          "update a value that its condition reads")
+    return list(carried)
+
+
 def _if(st, op, cond):
     return _exec(st, op.regions[0 if bool(cond) else 1])
 
@@ -336,7 +368,7 @@ def _asm(st, op, *args):
 
 _expand = _view(lambda x, op: x.expand(op.result.type.shape))
 OPS = {
-    "const": lambda st, op: _const(op.attrs["value"], op.result.type.dtype).expand(op.result.type.shape),
+    "const": _constant,
     "program_id": lambda st, op: _const(st.pid[op.attrs["axis"]], op.result.type.dtype),
     "num_programs": lambda st, op: _const(st.grid[op.attrs["axis"]], op.result.type.dtype),
     "arange": lambda st, op: _fit(torch.arange(op.attrs["start"], op.attrs["end"]), op.result.type.dtype),
@@ -350,7 +382,7 @@ OPS = {
     "bitcast": lambda st, op, x: _cast(st, op, x, bitcast=True),
     "ptradd": lambda st, op, p, o: _Ptr(p.base, p.off + o.long()),
     "load": _load, "store": _store, "atomic": _atomic, "reduce": _reduce, "dot": _dot,
-    "for": _for, "if": _if, "print": _print,
+    "for": _for, "while": _while, "if": _if, "print": _print, "hint": lambda st, op, x: x,
     "libm": _libm, "assert": _assert, "asm": _asm, "barrier": lambda st, op: [],
 }
 

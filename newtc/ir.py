@@ -2,7 +2,7 @@
 
 Every value has a Type (shape, dtype) and, after the layout pass, a Layout. Op kinds:
 
-  const                      attrs value                   scalar constant
+  const                      attrs value                   scalar constant (0 of a pointer type: null)
   param                      (kernel parameters are Kernel.params, not ops)
   program_id, num_programs   attrs axis                    scalar i32 (i64 in 64-bit-index specializations)
   arange                     attrs start, end              block [end-start] i32
@@ -26,6 +26,9 @@ Every value has a Type (shape, dtype) and, after the layout pass, a Layout. Op k
   reduce      (x)                attrs kind (sum max min argmax argmin), axis, keep_dims
   dot         (a, b, acc)                                  acc + a @ b
   for         (lo, hi, step, *init)   region params (iv, *carried); results = final carried values
+                                 attrs num_stages (its software pipeline's depth), unroll (#pragma unroll N)
+  while       (cond, *init)           region params (cond, *carried), all carried: the loop runs while the first
+                                      is true; results = final values
   if          (cond)                  regions then, else; each ends in yield; results
   yield       (*values)
   print       (*values)          attrs prefix
@@ -39,6 +42,7 @@ Every value has a Type (shape, dtype) and, after the layout pass, a Layout. Op k
   histogram   (x, mask|None)                                   i32[num_bins]: how many elements equal each bin
   join        (a, b)                                           a new minor dim of 2: [..., 0] = a, [..., 1] = b
   split       (x)                                              two results, x[..., 0] and x[..., 1]
+  hint        (x)                attrs multiple_of | max_contiguous (per dim)    x, with facts promised for axisinfo
 
 Made by the passes (the checker never emits them; the interpreter runs the IR before the passes):
   convert     (x)                                          the same block in another register layout
@@ -72,7 +76,8 @@ ELEMENTWISE_BINARY = {"add", "sub", "mul", "div", "floordiv", "mod", "shl", "shr
 COMPARISONS = {"lt", "le", "gt", "ge", "eq", "ne"}
 ELEMENTWISE_UNARY = {"neg", "not", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
                      "sigmoid", "erf", "floor", "ceil"}
-ELEMENTWISE = ELEMENTWISE_BINARY | COMPARISONS | ELEMENTWISE_UNARY | {"fma", "where", "cast", "bitcast", "ptradd", "libm"}
+ELEMENTWISE = (ELEMENTWISE_BINARY | COMPARISONS | ELEMENTWISE_UNARY
+               | {"fma", "where", "cast", "bitcast", "ptradd", "libm", "hint"})
 VIEWS = {"splat", "broadcast", "expand_dims", "reshape", "trans"}
 
 
@@ -166,6 +171,12 @@ class Kernel:
     smem_bytes: int = 0  # set by passes.smem
 
 
+def carried(op: Op) -> tuple[list, list]:
+    """A loop's (initial values, region parameters) of its carried values, one per result."""
+    n, params = len(op.results), op.regions[0].params
+    return op.args[len(op.args) - n:], params[len(params) - n:]
+
+
 def walk(region: Region):
     """Every op in a region, nested regions included, in program order."""
     for op in region.ops:
@@ -240,7 +251,7 @@ def verify(k: Kernel) -> None:
                         fail(op, f"operand layout {a.layout and a.layout.short()} differs from the result's")
             for sub in op.regions:
                 region(sub, scope)
-                if op.kind in ("for", "if"):
+                if op.kind in ("for", "while", "if"):
                     last = sub.ops[-1] if sub.ops else None
                     if last is None or last.kind != "yield" or len(last.args) != len(op.results):
                         fail(op, "region must end in a yield of one value per result")

@@ -40,9 +40,9 @@ DIRECTIVE = re.compile(r"^\s*#\s*newt:\s*sig\b(.*)$")
 ITEM = re.compile(r"""([A-Za-z_]\w*)\s*=\s*("[^"]*"|'[^']*'|[^\s,]+)""")
 DEBOUNCE_S = 0.05  # a change is checked when no other follows within this time
 OPTIONS = {"num_warps": int, "num_stages": int, "arch": str}  # directive items that are not parameters
-ATTRIBUTES = {"to": "x.to(dtype, bitcast=False): convert, or reinterpret the bits",
+ATTRIBUTES = {"to": "x.to(dtype, bitcast=False): convert, or reinterpret the bits", "T": "x.T: trans(x)",
               "dtype": "x.dtype: the dtype (compile-time)", "shape": "x.shape: the shape, a tuple of ints (compile-time)"}
-RANGES = {"range": "range(end) | range(start, end, step=1): a runtime loop",
+RANGES = {"range": "range(end) | range(start, end, step=1, num_stages=, unroll=): a runtime loop",
           "static_range": "static_range(end) | static_range(start, end, step=1): unrolled at compile time"}
 
 
@@ -160,14 +160,14 @@ class Scopes:
                 for n in {*a, *b}:
                     if a.get(n) is not b.get(n):
                         env[n] = [Binding(n, None, "merge", s, self.func, sources=a.get(n, []) + b.get(n, []))]
-            elif isinstance(s, A.For):
+            elif isinstance(s, (A.For, A.While)):
                 self.loop(s, env)
         return env
 
-    def loop(self, s: A.For, env):
-        self.expr(s.iter, env)
+    def loop(self, s: A.For | A.While, env):
+        self.expr(s.cond if isinstance(s, A.While) else s.iter, env)
         body = dict(env)
-        for t in s.target.items if isinstance(s.target, A.TupleExpr) else [s.target]:
+        for t in [] if isinstance(s, A.While) else s.target.items if isinstance(s.target, A.TupleExpr) else [s.target]:
             self.bind(t, body, "loopvar", s)
         carried = {n: Binding(n, None, "carried", s, self.func, sources=list(env[n]))
                    for n in check.assigned_names(s.body) if n in env}
@@ -175,7 +175,8 @@ class Scopes:
         end = self.block(s.body, body)
         for n, b in carried.items():
             b.sources += [x for x in end[n] if x is not b]
-        unrolled = isinstance(s.iter, A.Call) and getattr(s.iter.func, "id", "") == "static_range"
+        unrolled = isinstance(s, A.For) and isinstance(s.iter, A.Call) and \
+            getattr(s.iter.func, "id", "") == "static_range"
         # a runtime loop may run no iteration and its own names end with it; an unrolled one runs as
         # written and leaves them bound, as check.py does
         for n in end if unrolled else carried:
@@ -355,11 +356,11 @@ class Document:
             return self.expr_values(b.node, t, seen, b.index)
         if b.how == "aug":
             return t.roots(b.node.span)
+        loops = t.structured(b.node.span, "for") + t.structured(b.node.span, "while")  # a loop that may break: a while
         if b.how == "loopvar":
-            return [op.regions[0].params[0] for op in t.structured(b.node.span, "for")]
-        kind = "if" if b.how == "merge" else "for"
-        found = [v for op in t.structured(b.node.span, kind)
-                 for v in (op.regions[0].params[1:] if b.how == "carried" else op.results) if v.name == b.name]
+            return [p for op in loops for p in op.regions[0].params if p.name == b.name]
+        found = [v for op in (t.structured(b.node.span, "if") if b.how == "merge" else loops)
+                 for v in (op.regions[0].params if b.how == "carried" else op.results) if v.name == b.name]
         return found or [v for s in b.sources for v in self.values(s, t, seen)]
 
     def expr_values(self, e, t: Typed, seen: set, index: int | None = None) -> list:

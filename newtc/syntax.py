@@ -275,6 +275,10 @@ class _ToAst(lark.Transformer):
             targets = targets[0].items
         return ast.Assign([self._target(t) for t in targets], value, self._span(m))
 
+    def annassign(self, m, c):
+        name, annotation, value = c
+        return ast.Assign([ast.Name(str(name), self._tok_span(name))], value, self._span(m), annotation)
+
     def augassign(self, m, c):
         target, op, value = c
         return ast.AugAssign(self._target(target), str(op)[:-1], value, self._span(m))
@@ -288,6 +292,15 @@ class _ToAst(lark.Transformer):
 
     def pass_stmt(self, m, c):
         return ast.Pass(self._span(m))
+
+    def break_stmt(self, m, c):
+        return ast.Break(self._span(m))
+
+    def continue_stmt(self, m, c):
+        return ast.Continue(self._span(m))
+
+    def while_stmt(self, m, c):
+        return ast.While(c[0], c[1], _until(m, c[1][-1]))
 
     def for_stmt(self, m, c):
         target, iter_, body = c

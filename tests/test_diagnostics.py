@@ -535,7 +535,7 @@ def test_a_kernel_may_share_a_builtin_name_and_the_builtin_still_works():
     ("y = (arange(0, 4) < n) - (arange(0, 4) < 2)\n", 9, "'-' of two bools"),
     ("for i in static_range(0, 4, 0):\n    pass\n", 14, "static_range.. step must not be zero"),
     ("for i in static_range('a'):\n    pass\n", 14, "static_range end must be an integer, got the string 'a'"),
-    ("y = max(f32, 1)\n", 9, r"max\(\) reduces a block of numbers, got the dtype f32"),
+    ("y = max(f32)\n", 9, r"max\(\) reduces a block of numbers, got the dtype f32"),
     ("y = minimum(1, 'a')\n", 9, "expected a number or a block, got the string 'a'"),
     ("y = trans(zeros([2, 4]), 0, 1.0)\n", 9, r"trans\(\) dims \[0, 1.0\] are not a permutation"),
     ("y = arange(0, 4).shape[0.5]\n", 9, "is not an integer in range"),
@@ -553,6 +553,75 @@ def test_a_kernel_may_share_a_builtin_name_and_the_builtin_still_works():
 def test_internal_errors_that_are_now_diagnostics(body, col, message):
     err = typing_error(body, "internal.nk")
     assert_diagnostic(err, "internal.nk", 2 if "static_range(10" not in body else 3, col, message)
+
+
+# ---- control flow, tuple assignment, local constexprs, min/max, hints and loop options (issue 15) ----------
+H = "def h(x, c):\n"
+K = "kernel k(x, n):\n    v = load(x + arange(0, 4))\n"
+
+
+@pytest.mark.parametrize("text, line, col, message, hint", [
+    (K + "    y = max(v, 0)\n", 3, 9, r"max\(x, 0\) is ambiguous: a reduction along axis 0 \(Triton\) or the "
+     r"elementwise max with 0 \(Python\)", r"max\(x, axis=0\) or maximum\(x, 0\)"),
+    (K + "    y = min(v, v, axis=0)\n", 3, 9, r"min\(\) of several values compares them elementwise", None),
+    (K + "    y = multiple_of(v, 4)\n", 3, 9, r"multiple_of\(\) takes an integer or pointer value, got a block", None),
+    (K + "    y = max_contiguous(arange(0, 4), 3)\n", 3, 9, r"max_contiguous\(\) takes a power of two per dimension",
+     "a tuple for more dimensions"),
+    (K + "    y = multiple_of(arange(0, 4)[:, None], 4)\n", 3, 9, r"a positive integer per dimension", None),
+    (K + "    y = multiple_of(arange(0, 4), n)\n", 3, 9, r"multiple_of\(\) values must be a compile-time constant", None),
+    (K + "    for i in range(0, n, num_stages=0):\n        pass\n", 3, 14,
+     r"range\(num_stages=\) must be an integer of at least 1, got int 0", None),
+    (K + "    for i in range(0, n, (1, 2)):\n        pass\n", 3, 14, r"expected a number or a block, got tuple \(1, 2\)",
+     None),
+    (K + "    for i in range(0, n, stages=2):\n        pass\n", 3, 14,
+     r"range\(\) takes 1 to 3 positional arguments and the options num_stages= and unroll=", None),
+    (K + "    for i in static_range(0, 4, unroll=2):\n        pass\n", 3, 14,
+     r"static_range\(\) takes 1 to 3 positional arguments$", None),
+    (K + "    break\n", 3, 5, "'break' outside a loop", None),
+    (H + "    continue\n" + K + "    for i in range(0, n):\n        h(x, i)\n", 2, 5, "'continue' outside a loop",
+     None),
+    (K + "    B: constexpr = n\n", 3, 20, "constexpr 'B' must be a compile-time constant", None),
+    (K + "    B: i32 = 3\n", 3, 8, "a local name takes only the annotation `constexpr`", "B: constexpr = 16"),
+    (K + "    B: constexpr = exp\n", 3, 20, "constexpr 'B' cannot be the function 'exp'", None),
+    (K + "    while v < 1.0:\n        pass\n", 3, 11, r"a `while` condition must be a scalar, got a block bool\[4\]",
+     None),
+    (H + "    for i in range(0, c):\n        if i > 2:\n            return i\n    return 0\n" + K + "    y = h(x, n)\n",
+     2, 5, "`return` inside a runtime loop is not supported", "break out of the loop"),
+    (H + "    if c > 0:\n        return load(x)\n    return c\n" + K + "    y = h(x, n)\n", 4, 5,
+     r"this helper returns a scalar of type i32 on one path and a scalar of type f32 on another",
+     "one shape and dtype on every path"),
+    (H + "    if c > 0:\n        return 1, 2\n    return load(x + arange(0, 4))\n" + K + "    y = h(x, n)\n", 4, 5,
+     r"this helper returns a block of type f32\[4\] on one path and tuple \(1, 2\) on another", None),
+    (H + "    if c > 0:\n        return 1.0\n    y = 2\n" + K + "    y = h(x, n)\n", 1, 1,
+     "helper 'h' returns a value on some paths and none on others", "end it with a `return`"),
+    (K + "    y = n.T\n", 3, 9, r"trans\(\) needs a block, got a scalar", None),
+], ids=["min-max-ambiguous", "min-max-axis", "hint-dtype", "hint-pow2", "hint-rank", "hint-runtime", "num-stages",
+        "range-tuple-step", "range-option", "static-range-option", "break", "continue-in-helper", "constexpr-runtime",
+        "annotation", "constexpr-value", "while-block", "return-in-loop", "return-types", "return-tuple", "return-some-paths",
+        "T-scalar"])
+def test_control_flow_and_hint_mistakes(text, line, col, message, hint):
+    with pytest.raises(newtc.NkError) as e:
+        check(parse(text, "flow.nk"), "k", Spec.of({"x": Ptr(f32), "n": i32}))
+    assert_diagnostic(e.value, "flow.nk", line, col, message, hint)
+
+
+@pytest.mark.parametrize("update, message", [
+    ("i = (i + 1) % 7", r"`while` loops ran over 500 iterations in one program"),
+    ("i = i * 1", r"this `while` loop never ends: an iteration changed none of its values"),
+], ids=["cycles", "stuck"])
+def test_an_endless_while_is_an_error_in_the_interpreter(monkeypatch, update, message):
+    monkeypatch.setattr(newtc.interpret, "MAX_ITERATIONS", 500)
+    text = f"kernel k(x, n):\n    i = 0\n    while i < n:\n        {update}\n    store(x, i)\n"
+    mod = newtc.compile(text, "endless.nk")
+    with pytest.raises(newtc.NkError) as e:
+        mod.k[(1,)](torch.zeros(1, dtype=torch.int32), 9)
+    assert_diagnostic(e.value, "endless.nk", 3, 5, message)
+
+
+def test_a_while_true_without_break_is_too_long():
+    with pytest.raises(newtc.NkError) as e:
+        check(parse("kernel k(x):\n    while True:\n        y = 1\n", "forever.nk"), "k", Spec.of({"x": Ptr(f32)}))
+    assert_diagnostic(e.value, "forever.nk", 3, 9, "the kernel is too long: .* `while` loops on compile-time conditions")
 
 
 def test_the_per_thread_block_limit_follows_num_warps():

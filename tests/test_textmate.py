@@ -47,7 +47,8 @@ def sample() -> str:
         elif o not in ("=", "*"):
             lines.append(f"    v = a {o} b")
     lines += ["    if a and b or not c:", "        pass", "    elif True:", "        v = None", "    else:",
-              "        for i in range(3):", "            v = False",
+              "        for i in range(3):", "            v = False", "    while a:", "        break",
+              "    while b:", "        continue",
               "def h(v):", "    return v", "tile t(a):", "    pass"]
     return "\n".join(lines) + "\n"
 

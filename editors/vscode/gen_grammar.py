@@ -100,7 +100,7 @@ def generate() -> dict[str, str]:
         "wordPattern": ident,
         "indentationRules": {"increaseIndentPattern": rf"^\s*(?:{words(blocks)})\b.*:\s*(?:#.*)?$",
                              "decreaseIndentPattern": r"^\s*(?:elif|else)\b.*:\s*(?:#.*)?$"},
-        "onEnterRules": [{"beforeText": r"^\s*(?:return|pass)\b.*$", "action": {"indent": "outdent"}}],
+        "onEnterRules": [{"beforeText": r"^\s*(?:return|pass|break|continue)\b.*$", "action": {"indent": "outdent"}}],
     }
     assert {"elif", "else"} <= blocks, "decreaseIndentPattern names the grammar's else-like block words"
     return {k: json.dumps(v, indent=2) + "\n" for k, v in (("grammar", grammar), ("config", config))}

@@ -225,28 +225,37 @@ class Codegen:
         """Statements writing src into dst's storage; `stage` copies through temporaries first
         (a loop's next values may read the current ones)."""
         if not dst.type.shape:
-            return [f"{self.name_of(dst)} = {self.scalar(src)};"]
+            value = self.scalar(src)
+            if stage:
+                value = self.fresh(dst.name + "_next")
+                self.emit(f"{cexpr.ctype(src.type.dtype)} const {value} = {self.scalar(src)};")
+            return [f"{self.name_of(dst)} = {value};"]
         exprs = self.regs(src)
         if stage:
             exprs = self.declare(src.type.dtype, dst.name + "_next", exprs)
         return [f"{d} = {e};" for d, e in zip(self.regs(dst), exprs)]
 
     def loop(self, op: ir.Op) -> None:
-        lo, hi, step = (self.scalar(a) for a in op.args[:3])
         body = op.regions[0]
-        iv, carried = body.params[0], body.params[1:]
+        inits, carried = ir.carried(op)
         self.storage(op.results)
-        for r, init in zip(op.results, op.args[3:]):
+        for r, init in zip(op.results, inits):
             self.emit_all(self.assign(r, init, False))
         for p, r in zip(carried, op.results):
             self.names[id(p)] = self.name_of(r)
             if p.type.shape:
                 self.vals[id(p)] = self.regs(r)
-        step_op = self.defs.get(id(op.args[2]))
-        down = step_op is not None and step_op.kind == "const" and step_op.attrs["value"] < 0
-        ivn = self.name_of(iv)
-        t = cexpr.ctype(iv.type.dtype)
-        self.emit(f"for ({t} {ivn} = {lo}; {ivn} {'>' if down else '<'} {hi}; {ivn} += {step}) {{")
+        if op.attrs.get("unroll"):
+            self.emit(f"#pragma unroll {op.attrs['unroll']}")
+        if op.kind == "while":  # its first carried value is the condition
+            self.emit(f"while ({self.name_of(op.results[0])}) {{")
+        else:
+            lo, hi, step = (self.scalar(a) for a in op.args[:3])
+            step_op = self.defs.get(id(op.args[2]))
+            down = step_op is not None and step_op.kind == "const" and step_op.attrs["value"] < 0
+            ivn = self.name_of(body.params[0])
+            t = cexpr.ctype(body.params[0].type.dtype)
+            self.emit(f"for ({t} {ivn} = {lo}; {ivn} {'>' if down else '<'} {hi}; {ivn} += {step}) {{")
         self.nested(body, list(zip(carried, body.ops[-1].args)), stage=True)
         self.emit("}")
 
@@ -344,7 +353,7 @@ def inline_asm(cg: Codegen, op: ir.Op) -> None:
 from . import memory, mma, reduce, shared  # noqa: E402 - they take a Codegen
 
 # ops with their own emitter, each a function (codegen, op)
-RULES = {"for": Codegen.loop, "if": Codegen.branch, "store": memory.store, "load": memory.load,
+RULES = {"for": Codegen.loop, "while": Codegen.loop, "if": Codegen.branch, "store": memory.store, "load": memory.load,
          "atomic": memory.atomic, "reduce": reduce.reduce_op, "dot": mma.dot, "dot_wait": mma.dot_wait, "alloc": lambda cg, op: None, "slot": lambda cg, op: None,
          "local_store": shared.local_store, "local_load": shared.local_load, "async_copy": shared.async_copy,
          "async_commit": shared.async_commit, "async_wait": shared.async_wait,

@@ -97,6 +97,8 @@ def cstring(s: str) -> str:
 def elementwise(kind: str, dts: list, out, xs: list[str], fn: str | None = None) -> str:
     """C expression for one register of an elementwise op; dts are the operand dtypes (fn: a libm op's function)."""
     dt = dts[0]
+    if kind == "hint":  # a promise to the compiler, no code
+        return xs[0]
     if kind == "cast":
         return cast(xs[0], dt, out)
     if kind == "bitcast":

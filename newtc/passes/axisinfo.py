@@ -110,6 +110,10 @@ def infer(op: ir.Op) -> Facts:
         return Facts((1,) * rank, (1,) * rank, f.const)
     if kind in RULES:
         return RULES[kind](op, facts(op.args[0]), facts(op.args[1]))
+    if kind == "hint":  # the user's promise, added to what is proven
+        f, div, contig = facts(op.args[0]), op.attrs.get("multiple_of"), op.attrs.get("max_contiguous")
+        return Facts(tuple(map(max, f.contig, contig or f.contig)),
+                     tuple(max(d, pow2_divisor(n)) for d, n in zip(f.div, div or f.div)), f.const, f.value)
     return unknown(rank)
 
 
@@ -145,7 +149,7 @@ def region(r: ir.Region) -> None:
             loop(op)
         for sub in op.regions[op.kind == "for":]:
             region(sub)
-        if len(op.results) == 1 and op.kind not in ("for", "if"):
+        if len(op.results) == 1 and op.kind not in ("for", "while", "if"):
             op.result.facts = infer(op)
 
 

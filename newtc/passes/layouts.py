@@ -187,11 +187,13 @@ class Plan:
 
     def op(self, op: ir.Op) -> None:
         kind = op.kind
-        if kind == "for":
+        if kind in ("for", "while"):
             return self.loop(op)
         if kind == "if":
             return self.branch(op)
         res = op.results[0] if op.results else None
+        if kind == "reduce" and not res.type.shape:  # a full reduction reads a free operand in some layout too
+            self.want[id(op)] = [self.of(op.args[0])]
         if kind == "store":
             ptr, val, _ = op.args
             if ptr.type.shape:
@@ -257,8 +259,8 @@ class Plan:
 
     def loop(self, op: ir.Op) -> None:
         body = op.regions[0]
-        carried = body.params[1:]
-        for p, init in zip(carried, op.args[3:]):
+        inits, carried = ir.carried(op)
+        for p, init in zip(carried, inits):
             if p.type.shape:
                 p.layout = None if self.free(init) else init.layout  # a free start takes the body's layout
         for _ in range(3):  # trace until every carried value has the layout its body gives it
@@ -273,7 +275,7 @@ class Plan:
                 break
         for p, r in zip(carried, op.results):
             r.layout = p.layout
-        self.want[id(op)] = [None] * 3 + [p.layout for p in carried]
+        self.want[id(op)] = [None] * (len(op.args) - len(inits)) + [p.layout for p in carried]
         self.want[id(body.ops[-1])] = [p.layout for p in carried]
 
     def branch(self, op: ir.Op) -> None:

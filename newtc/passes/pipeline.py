@@ -135,16 +135,16 @@ class Pipeliner:
     def loop(self, parent: ir.Region, loop: ir.Op) -> None:
         body = loop.regions[0]
         iv = body.params[0]
+        s_count = loop.attrs.get("num_stages", self.stages)  # range(..., num_stages=) overrides the kernel's
         inside = self.inside(body)
         inductions = self.inductions(loop, inside)
-        found = self.candidates(body, {id(iv)} | {id(p) for p, *_ in inductions})
+        found = self.candidates(body, {id(iv)} | {id(p) for p, *_ in inductions}) if s_count >= 2 else []
         if not found:
             return
         lo, hi, step = loop.args[:3]
         span = loop.span
         step_op = self.defs.get(id(step))
         down = step_op is not None and step_op.kind == "const" and step_op.attrs["value"] < 0
-        s_count = self.stages
         *_, yield_op = body.ops
         # a wgmma that only accumulates into a carried value may run on while the next iteration starts (one group
         # in flight): the slot it reads is then overwritten two iterations later, so copies run stages - 2 ahead
@@ -261,7 +261,7 @@ def remove_dead(r: ir.Region, readers: dict) -> bool:
 
 
 def pipeline(k: ir.Kernel) -> ir.Kernel:
-    if k.spec.num_stages >= 2:
+    if any(op.attrs.get("num_stages", k.spec.num_stages) >= 2 for op in ir.walk(k.body) if op.kind == "for"):
         Pipeliner(k).region(k.body)
         while remove_dead(k.body, uses(k)):
             pass

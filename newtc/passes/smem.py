@@ -123,7 +123,7 @@ def insert_barriers(k: ir.Kernel) -> ir.Kernel:
     def region(r: ir.Region, pending: frozenset, insert: bool) -> frozenset:
         out = []
         for op in r.ops:
-            if op.kind == "for":
+            if op.kind in ("for", "while"):
                 body, entry = op.regions[0], pending
                 for _ in range(4):  # until the pending set at the loop's head stops growing
                     grown = pending | region(body, entry, False)
