@@ -4,7 +4,9 @@
     compute-sanitizer --tool racecheck python bench/sanitize.py
 
 Pipelined matmuls (cp.async rings, ldmatrix), a transposed operand, the epilogue, reductions across warps,
-row kernels, the transpose, an atomic histogram."""
+row kernels, the transpose, an atomic histogram; attention forward and backward; scans, a sort and a histogram
+across warps; a spin lock on a scalar atomic in a `while` loop; block pointers; fp8 conversions. Without a GPU it
+runs the same kernels through the interpreter (a check that the script itself is right)."""
 import torch
 
 import common  # noqa: F401 - puts the checkout on sys.path
@@ -13,7 +15,7 @@ from newtc import ops
 
 
 def main() -> None:
-    d = "cuda"
+    d = "cuda" if torch.cuda.is_available() else "cpu"
     for m, n, k in ((100, 70, 90), (17, 1001, 40), (300, 260, 130)):
         for dt in (torch.float16, torch.bfloat16, torch.float32):
             a, b = torch.randn(m, k, device=d, dtype=dt), torch.randn(k, n, device=d, dtype=dt)
@@ -34,7 +36,33 @@ kernel hist(x, bins, n, BLOCK: constexpr):
 """, "hist.nk")
     x = torch.randint(0, 16, (5000,), device=d, dtype=torch.int32)
     mod.hist[(5,)](x, torch.zeros(16, device=d, dtype=torch.int32), 5000, BLOCK=1024)
-    torch.cuda.synchronize()
+    q, k, v = (torch.randn(2, 4, 77, 64, device=d, dtype=torch.float16, requires_grad=True) for _ in range(3))
+    for causal in (False, True):
+        ops.attention(q, k[:, :2], v[:, :2], causal=causal).sum().backward()
+    mod = newtc.compile("""
+def add(a, b):
+    return a + b
+
+kernel moves(x, out, lock, total, n, BLOCK: constexpr):
+    offs = arange(0, BLOCK)
+    v = load(x + offs, mask=offs < n, other=0.0)
+    c = cumsum(v, axis=0) + associative_scan(v, 0, add, reverse=True)
+    s = sort(v, descending=True)
+    h = histogram(minimum((abs(v) * 4).to(i32), 7), 8, mask=offs < n)
+    while atomic_cas(lock, 0, 1) == 1:
+        pass
+    store(total, load(total) + sum(h, axis=0))
+    atomic_xchg(lock, 0)
+    p = make_block_ptr(out, (n,), (1,), (0,), (BLOCK,), (0,))
+    store(p, (c + s).to(f8e4m3).to(f32), boundary_check=(0,))
+""", "moves.nk")
+    x = torch.randn(1000, device=d)
+    out, lock, total = torch.empty_like(x), torch.zeros(1, device=d, dtype=torch.int32), torch.zeros(1, device=d,
+                                                                                                      dtype=torch.int32)
+    mod.moves[(4,)](x, out, lock, total, 1000, BLOCK=1024, num_warps=8)
+    assert int(total[0]) == 4 * 1000, int(total[0])  # every program counted its 1000 values under the lock
+    if d == "cuda":
+        torch.cuda.synchronize()
     print("sanitize: all kernels ran")
 
 
