@@ -76,7 +76,8 @@ def expected_scopes(text: str) -> dict:
         elif tok.type == "NAME":
             defining = previous is not None and previous.type != "NAME" and str(previous) in role \
                 and role[str(previous)] == gen.ROLES["_deftype"]
-            out[where] = "entity.name.function.nk" if defining else by_name.get(str(tok))
+            attribute = previous is not None and str(previous) == "."  # x.T, libdevice.asin: not highlighted
+            out[where] = "entity.name.function.nk" if defining else None if attribute else by_name.get(str(tok))
         elif str(tok) in role:
             out[where] = role[str(tok)]
         else:
