@@ -627,3 +627,15 @@ def test_a_scalar_atomic_is_read_by_every_thread_before_the_next():
     lines = [line.strip() for line in src.splitlines() if not line.startswith("#line")]
     read = next(i for i, line in enumerate(lines) if re.match(r"int const \w+ = \(\(int\*\)\(nk_smem", line))
     assert lines[read - 1] == "__syncthreads();" and lines[read + 1] == "__syncthreads();"
+
+
+def test_replicated_copies_into_shared_memory_are_issued_once():
+    """A tile smaller than its copy layout (16x16 f16 over 4 warps of 16-byte vectors) is held by several threads:
+    only one of them issues each cp.async (others would race on the same bytes, racecheck's complaint)."""
+    module, _ = stdlib_module("matmul")
+    sig = dict(zip(("a", "b", "c"), [Ptr(f16)] * 3)) | dict.fromkeys(
+        ("M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn", "stride_cm", "stride_cn"), i32)
+    spec = compiler.Spec(sig, dict(BM=16, BN=16, BK=16, GROUP_M=8), num_warps=4, num_stages=3, arch="sm_80")
+    src = compiler.compile(module, "matmul", spec, until="cuda").cuda.source
+    copies = [line for line in src.splitlines() if "nk_cp_async<" in line and "__device__" not in line]
+    assert copies and all(re.match(r"\s*if \(\(nk_(lane|warp) & \d+\) == 0", line) for line in copies), copies[:2]

@@ -86,7 +86,7 @@ def local_store(cg, op: ir.Op) -> None:
         else:
             fill = " ".join(f"u.e[{j}] = {vals[i + j]};" for j in range(g))
             stmts.append(f"{{ nk_pack<{t}, {g}> u; {fill} *(decltype(u.w)*){acc.ptr(t, acc.regs[i])} = u.w; }}")
-    cg.emit_all(stmts, per_line=4)
+    cg.emit_all(once(cg, val.layout, stmts), per_line=4)
 
 
 def local_load(cg, op: ir.Op) -> None:
@@ -179,7 +179,14 @@ def async_copy(cg, op: ir.Op) -> None:
         else:
             cond = vector_condition(ptrs[i:i + g], masks[i:i + g] if masks else None, nbytes)
             stmts.append(f"if ({cond}) {{ {copy} }} else {{ {scalar} }}")
-    cg.emit_all(stmts, per_line=2)
+    cg.emit_all(once(cg, lay, stmts), per_line=2)
+
+
+def once(cg, layout, stmts: list[str]) -> list[str]:
+    """Writes of replicated data by one thread of those holding it: the others would write the same bytes to the
+    same place, a race (benign, but compute-sanitizer's racecheck reports it) and wasted copies."""
+    owner = cg.owner(layout)
+    return [f"if ({owner}) {{ {s} }}" for s in stmts] if owner else stmts
 
 
 def async_commit(cg, op: ir.Op) -> None:
