@@ -256,8 +256,9 @@ def run_libdevice(device, fn, spec, dtype, n=1001):
 @pytest.mark.parametrize("fn", list(LIBDEVICE))
 def test_libdevice_calls_the_cuda_math_function(device, dtype, fn):
     got, ref = run_libdevice(device, fn, LIBDEVICE[fn], dtype)
-    # beyond |x| = 8 CUDA bounds j0, y1 absolutely (2.2e-6 in f32, 5e-12 in f64), which is loose near their zeros
-    bessel = {torch.float32: 2e-5, torch.float64: 5e-12}.get(dtype) if fn in ("j0", "y1") else None
+    # beyond |x| = 8 CUDA bounds j0, y1 absolutely (2.2e-6 in f32), which is loose near their zeros; in f64 the
+    # oracle is the coarse one: torch's bessel_j0/y1 are 3.6e-7/8.4e-7 off mpmath's on these inputs
+    bessel = {torch.float32: 2e-5, torch.float64: 2e-6}.get(dtype) if fn in ("j0", "y1") else None
     assert_close(got, ref, dtype, **({"atol": bessel} if bessel else {}))
 
 

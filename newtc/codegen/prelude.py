@@ -54,7 +54,10 @@ __device__ __forceinline__ float nk_tof(nk_f8e4m3 v) {
   return nk_f8e4m3_soft(v.x);
 #endif
 }
-__device__ __forceinline__ float nk_tof(nk_f8e5m2 v) { return nk_tof(nk_f16{(unsigned short)(v.x << 8)}); }  // an f16's top byte
+// an f16's top byte; the sign goes on after cvt, which makes every NaN positive (torch keeps a NaN's sign)
+__device__ __forceinline__ float nk_tof(nk_f8e5m2 v) {
+  return __uint_as_float(__float_as_uint(nk_tof(nk_f16{(unsigned short)((v.x & 0x7f) << 8)})) | (v.x & 0x80u) << 24);
+}
 // Triton's choices for f32: exp/log through the approximate base-2 units (flushing subnormals, which
 // spares three fix-up instructions per call), full-range approximate division.
 __device__ __forceinline__ float nk_exp2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
