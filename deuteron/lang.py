@@ -258,16 +258,13 @@ def _static_assert(it, cond, msg=""):
     require(cond, f"static_assert failed{': ' + msg if msg else ''}", None)
 
 
-def _floordiv(a, b):
-    """Floor division of floats, truncation (C's) of ints."""
-    return torch.div(a, b, rounding_mode="floor" if a.is_floating_point() or b.is_floating_point() else "trunc")
-
-
-# The oracle's operators on tensors (a number as a 0-d tensor promotes as a scalar would); % is C's (fmod).
+# The oracle's operators on tensors (a number as a 0-d tensor promotes as a scalar would); // floors floats and
+# truncates ints, and % is fmod, as in C.
 OPS = {**{op: getattr(operator, name) for op, name in [
     ("+", "add"), ("-", "sub"), ("*", "mul"), ("/", "truediv"), ("<<", "lshift"), (">>", "rshift"), ("&", "and_"),
     ("|", "or_"), ("^", "xor"), ("<", "lt"), ("<=", "le"), (">", "gt"), (">=", "ge"), ("==", "eq"), ("!=", "ne")]},
-    "//": _floordiv, "%": torch.fmod, "@": lambda a, b: _dot(None, a, b), "and": torch.logical_and, "or": torch.logical_or}
+    "//": lambda a, b: torch.div(a, b, rounding_mode="floor" if a.is_floating_point() or b.is_floating_point() else "trunc"),
+    "%": torch.fmod, "@": lambda a, b: _dot(None, a, b), "and": torch.logical_and, "or": torch.logical_or}
 UNARY = {"-": operator.neg, "+": operator.pos, "~": operator.invert,
          "not": lambda v: torch.logical_not(v) if isinstance(v, torch.Tensor) else not v}
 BUILTINS = {

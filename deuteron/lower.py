@@ -107,7 +107,8 @@ class Lowered:
 
     def __init__(self, fn, host: dict, interp, config: dict, name: str, loop: A.For):
         self.fn, self.host, self.interp, self.config, self.name = fn, host, interp, config, name
-        self.taken, self.span, self.short = set(fn.program.taken), fn.defn.span, Path(fn.program.ast.file).name
+        self.taken = names_in(fn.program.ast.defs)  # the names the file uses: a generated name is none of them
+        self.short = Path(fn.program.ast.file).name
         self.file = f"{self.short}~{name}.nk"  # not the folder: a program loaded by another path shares newt's caches
         self.lines, self.preamble, self.depth = [], [], 1  # (depth, text, span)
         self.params, self.consts, self.memo, self.env, self.rindex = {}, {}, {}, {}, {}  # params: name -> source

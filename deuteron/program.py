@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 from typing import NamedTuple
@@ -56,11 +55,6 @@ class Program:
         self.filename, self.ast = filename, parsed(text, filename)
         self.defs = {d.name: d for d in self.ast.defs if d.kind == "def"}
         self.fns = {d.name: TileFunction(self, d) for d in self.ast.defs if d.kind == "tile"}
-
-    @functools.cached_property
-    def taken(self) -> set:
-        """The names the file uses: a generated name is none of them."""
-        return lower.names_in(self.ast.defs)
 
     def __getattr__(self, name: str) -> "TileFunction":
         if name in self.__dict__.get("fns", {}):
