@@ -107,8 +107,7 @@ class Lowered:
 
     def __init__(self, fn, host: dict, interp, config: dict, name: str, loop: A.For):
         self.fn, self.host, self.interp, self.config, self.name = fn, host, interp, config, name
-        self.taken = names_in(fn.program.ast.defs)  # the names the file uses: a generated name is none of them
-        self.short = Path(fn.program.ast.file).name
+        self.taken, self.short = names_in(fn.program.ast.defs), Path(fn.program.ast.file).name
         self.file = f"{self.short}~{name}.nk"  # not the folder: a program loaded by another path shares newt's caches
         self.lines, self.preamble, self.depth = [], [], 1  # (depth, text, span)
         self.params, self.consts, self.memo, self.env, self.rindex = {}, {}, {}, {}, {}  # params: name -> source
@@ -143,7 +142,7 @@ class Lowered:
             raise NkError(d.message, self.linemap.get(d.span.line), hint) from None
 
     def fresh(self, base: str, key=None) -> str:
-        """A name no one uses (base, base2, base3, ...), the same one for the same key."""
+        """A name that neither the file nor the kernel uses (base, base2, base3, ...), the same one for the same key."""
         if key is None or key not in self.memo:
             names = (f"{base}{i}" if i > 1 else base for i in itertools.count(1))
             self.memo[key] = next(n for n in names if n not in self.taken)
@@ -206,11 +205,8 @@ class Lowered:
             self.grouped(inner, pids[-2:], counts[-2:], self.declare(self.consts, "GROUP", group, "GROUP"))
         else:
             self.unflatten(pid, pids, counts)
-        for (v, bound, d), p in zip(dims, pids):
-            if d is None:
-                self.env[v] = E(v)
-            else:
-                self.enter(v, d, E(f"{p} * {d.block}", (), PREC["*"]), bound)
+        for (v, bound, d), p in zip(dims, pids):  # grid(n)'s index is a scalar
+            self.env[v] = E(v) if d is None else self.enter(v, d, E(f"{p} * {d.block}", (), PREC["*"]), bound)
         self.block(loop.body)
         self.finish(grid, loop)
 
@@ -238,9 +234,10 @@ class Lowered:
         block = self.declare(self.consts, f"BLOCK_{name.upper()}", size, ("block", name))
         return Dim(name, block, None if n is not None and n % size == 0 else bound.text, name, size)
 
-    def enter(self, name: str, dim: Dim, begin: E, bound: str) -> None:
+    def enter(self, name: str, dim: Dim, begin: E, bound: str) -> TileVar:
+        """The tile variable `name` of the tile at `begin`, its index vector assigned on a line of its own."""
         self.line(f"{name} = {begin.text} + arange(0, {dim.block})")
-        self.env[name] = TileVar(dim, begin, bound)
+        return TileVar(dim, begin, bound)
 
     def whole(self, bound: str, n: int) -> Dim:
         """A whole dimension of n elements (`bound` in the kernel) in a block of its next power of two; one index
@@ -323,7 +320,7 @@ class Lowered:
             dim, begin = self.tile(name, arg, bound), self.fresh(f"{name}_begin")
             self.line(f"for {begin} in range(0, {bound.text}, {dim.block}):")
             self.depth += 1
-            self.enter(name, dim, E(begin), bound.text)
+            self.env[name] = self.enter(name, dim, E(begin), bound.text)
         self.block(s.body)
         self.depth -= len(names)
 

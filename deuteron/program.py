@@ -51,7 +51,7 @@ class Launch(NamedTuple):
 class Program:
     """A `.nk` file of tile programs; each `tile` definition is an attribute."""
 
-    def __init__(self, text: str, filename: str):
+    def __init__(self, text: str, filename: str = "<string>"):
         self.filename, self.ast = filename, parsed(text, filename)
         self.defs = {d.name: d for d in self.ast.defs if d.kind == "def"}
         self.fns = {d.name: TileFunction(self, d) for d in self.ast.defs if d.kind == "tile"}
@@ -144,5 +144,4 @@ def load(path) -> Program:
     return Program(Path(path).read_text(), str(path))
 
 
-def compile(text: str, filename: str = "<string>") -> Program:
-    return Program(text, filename)
+compile = Program  # deuteron.compile(text, filename): the tile programs of a text
