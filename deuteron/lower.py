@@ -344,8 +344,7 @@ class Lowered:
     e_Const = e_Str = e_Num
 
     def e_Name(self, e):
-        if e.id in self.env:
-            v = self.env[e.id]
+        if (v := self.env.get(e.id)) is not None:
             return E(e.id, (v.dim,)) if isinstance(v, TileVar) else v
         v = self.host.get(e.id)
         if e.id in self.fn.constexprs:
@@ -376,9 +375,8 @@ class Lowered:
         return E(f"{par(base, ATOM)}.{e.attr}", base.dims if e.attr == "to" else (), zero=base.zero and e.attr == "to")
 
     def e_Subscript(self, e):
-        base = e.value
-        if isinstance(base, A.Attribute) and base.attr == "shape" and (t := self.tensor(base.value)) is not None:
-            return E(self.size(base.value.id, self.known(e.index[0], "a dimension") % t.dim()))
+        if isinstance(e.value, A.Attribute) and e.value.attr == "shape" and (t := self.tensor(e.value.value)) is not None:
+            return E(self.size(e.value.value.id, self.known(e.index[0], "a dimension") % t.dim()))
         if self.tensor(e.value) is not None:
             ptr, m, dims = self.place(e)
             return E(f"load({ptr}{f', mask={m}, other=0' if m else ''})", dims, zero=True)
