@@ -4,8 +4,6 @@ Host statements (allocations, sizes, `return`) always run here. A `for` over `ti
 tile loop is a launch grid: the compiled path hands it to `hook` (lowering, launch); without a hook its body
 runs here with each tile a whole slice and each `grid(n)` index a Python loop: the oracle.
 """
-from __future__ import annotations
-
 import itertools
 import operator
 from typing import NamedTuple

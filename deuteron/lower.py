@@ -6,8 +6,6 @@ reduction along a ragged dim first puts its identity in the padding, and a dot a
 padding of an operand that is not a fresh load (loads fill it with 0). A mask is left out where the call's
 sizes, which the host code knows, prove that the block divides the bound.
 """
-from __future__ import annotations
-
 import functools
 import itertools
 import json

@@ -4,8 +4,6 @@
     out = prog.matmul(x, y)                       # tuned once per shape bucket, then from the disk store
     print(prog.matmul.source(x, y, config=cfg))   # the generated .nk
 """
-from __future__ import annotations
-
 import os
 from pathlib import Path
 from typing import NamedTuple
