@@ -404,11 +404,10 @@ class Lowered:
             else:
                 offsets.append(self.scalar(item))
         require(len(offsets) == t.dim(), f"{len(offsets)} indices for a tensor of rank {t.dim()}", e.span)
-        parts = [x]
+        parts = [self.expr(e.value).text]  # the tensor's pointer, a parameter
         for d, i in enumerate(offsets):
             idx = par(E(dims[i].index + bc(i, len(dims))) if isinstance(i, int) else i, PREC["*"])
             parts.append(idx if t.stride(d) == 1 else f"{idx} * {self.size(x, d, 'stride')}")  # unit: seen contiguous
-        self.params[x] = ("value", x)
         return " + ".join(parts), mask(tuple(dims)), tuple(dims)
 
     def e_UnaryOp(self, e):

@@ -91,8 +91,7 @@ class TileFunction:
 
     def plan(self, args, kwargs, config: dict, poison: bool = False):
         """Run the host code: (the result, the launches it makes), nothing launched yet."""
-        launches, interp = [], lang.Interp(self.program.defs, lang.device_of(args, kwargs), None, config, poison)
-        call = (tuple(sorted(config.items())), signature(args, kwargs))  # the same call lowers the same way
+        launches, call = [], (tuple(sorted(config.items())), signature(args, kwargs))  # the same call lowers the same way
 
         def grid(loop, env):
             key = (id(loop), call, tuple(env.get(n) for n in sorted(self.constexprs)))  # and floats passed as constexprs
@@ -101,7 +100,7 @@ class TileFunction:
                 self.lowered[key] = lower.Lowered(self, env, interp, config, name, loop)
             launches.append(Launch(self.lowered[key], self.lowered[key].args(env)))
 
-        interp.hook = grid
+        interp = lang.Interp(self.program.defs, lang.device_of(args, kwargs), grid, config, poison)
         return interp.call(self.defn, args, kwargs), launches
 
     def space(self, *args, **kwargs) -> search.Space:
