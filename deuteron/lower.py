@@ -83,10 +83,9 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-@functools.cache
 def programs(device: torch.device) -> int:
-    """How many programs a persistent grid starts: one per SM (4 in the interpreter)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    """How many programs a persistent grid starts: one per SM, as newt's model of the GPU says (4 in the interpreter)."""
+    return newtc.ops.gpu(device.index).sms if device.type == "cuda" else 4
 
 
 def is_whole(item) -> bool:
@@ -190,12 +189,11 @@ class Lowered:
         self.group = several and None not in (dims[-1][2], dims[-2][2])
         group = self.config.get("group", 1) if self.group else 1
         pid = self.fresh("pid")
+        self.line(f"for {pid} in range(program_id(0), {' * '.join(counts)}, num_programs(0)):" if persistent else
+                  f"{pid} = program_id(0)")
         if persistent:  # one program per SM walks the tiles
-            self.line(f"for {pid} in range(program_id(0), {' * '.join(counts)}, num_programs(0)):")
             self.depth += 1
             grid = min(grid, programs(self.interp.device))
-        else:
-            self.line(f"{pid} = program_id(0)")
         pids = [pid] if len(dims) == 1 and dims[0][2] else [v if d is None else self.fresh(f"pid_{v}") for v, _, d in dims]
         if group > 1:  # the last two dimensions as one, walked in groups of rows
             inner = pid if len(dims) == 2 else self.fresh("inner")
