@@ -1,6 +1,4 @@
 """The `deuteron` command: print the newt kernel a tile program becomes for given arguments, or a later stage."""
-from __future__ import annotations
-
 import argparse
 import ast as pyast
 import json

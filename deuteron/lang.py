@@ -4,8 +4,6 @@ Host statements (allocations, sizes, `return`) always run here. A `for` over `ti
 tile loop is a launch grid: the compiled path hands it to `hook` (lowering, launch); without a hook its body
 runs here with each tile a whole slice and each `grid(n)` index a Python loop: the oracle.
 """
-from __future__ import annotations
-
 import itertools
 import operator
 from typing import NamedTuple
@@ -13,7 +11,7 @@ from typing import NamedTuple
 import torch
 
 from newtc import ast as A
-from newtc.check import CONSTANTS, MATH, REDUCTIONS, fold, is_constexpr_annot
+from newtc.check import BINOPS, CONSTANTS, MATH, REDUCTIONS, fold, is_constexpr_annot
 from newtc.errors import NkError
 from newtc.types import DTYPES
 
@@ -122,9 +120,8 @@ class Interp:
     def assign(self, t, v, env):
         if isinstance(t, A.Name):
             env[t.id] = v
-        else:
-            tensor_, index = self.place(t, env)
-            tensor_[index] = v
+        else:  # a store into a tensor's tile
+            operator.setitem(*self.place(t, env), v)
 
     def s_If(self, s, env):
         self.block(s.body if bool(self.expr(s.cond, env)) else s.orelse, env)
@@ -258,16 +255,12 @@ def _static_assert(it, cond, msg=""):
     require(cond, f"static_assert failed{': ' + msg if msg else ''}", None)
 
 
-def _floordiv(a, b):
-    """Floor division of floats, truncation (C's) of ints."""
-    return torch.div(a, b, rounding_mode="floor" if a.is_floating_point() or b.is_floating_point() else "trunc")
-
-
-# The oracle's operators on tensors (a number as a 0-d tensor promotes as a scalar would); % is C's (fmod).
-OPS = {**{op: getattr(operator, name) for op, name in [
-    ("+", "add"), ("-", "sub"), ("*", "mul"), ("/", "truediv"), ("<<", "lshift"), (">>", "rshift"), ("&", "and_"),
-    ("|", "or_"), ("^", "xor"), ("<", "lt"), ("<=", "le"), (">", "gt"), (">=", "ge"), ("==", "eq"), ("!=", "ne")]},
-    "//": _floordiv, "%": torch.fmod, "@": lambda a, b: _dot(None, a, b), "and": torch.logical_and, "or": torch.logical_or}
+# The oracle's operators on tensors: newt's binary operators by the operator module's names (a number as a 0-d tensor
+# promotes as a scalar would); // floors floats and truncates ints, and % is fmod, as in C.
+OPERATOR = {"div": "truediv", "shl": "lshift", "shr": "rshift", "and": "and_", "or": "or_"}  # where they differ from newt's
+OPS = {**{op: getattr(operator, OPERATOR.get(name, name)) for op, name in BINOPS.items()},
+       "//": lambda a, b: torch.div(a, b, rounding_mode="floor" if a.is_floating_point() or b.is_floating_point() else "trunc"),
+       "%": torch.fmod, "@": lambda a, b: _dot(None, a, b), "and": torch.logical_and, "or": torch.logical_or}
 UNARY = {"-": operator.neg, "+": operator.pos, "~": operator.invert,
          "not": lambda v: torch.logical_not(v) if isinstance(v, torch.Tensor) else not v}
 BUILTINS = {

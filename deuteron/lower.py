@@ -6,8 +6,6 @@ reduction along a ragged dim first puts its identity in the padding, and a dot a
 padding of an operand that is not a fresh load (loads fill it with 0). A mask is left out where the call's
 sizes, which the host code knows, prove that the block divides the bound.
 """
-from __future__ import annotations
-
 import functools
 import itertools
 import json
@@ -85,10 +83,9 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-@functools.cache
 def programs(device: torch.device) -> int:
-    """How many programs a persistent grid starts: one per SM (4 in the interpreter)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    """How many programs a persistent grid starts: one per SM, as newt's model of the GPU says (4 in the interpreter)."""
+    return newtc.ops.gpu(device.index).sms if device.type == "cuda" else 4
 
 
 def is_whole(item) -> bool:
@@ -107,7 +104,7 @@ class Lowered:
 
     def __init__(self, fn, host: dict, interp, config: dict, name: str, loop: A.For):
         self.fn, self.host, self.interp, self.config, self.name = fn, host, interp, config, name
-        self.taken, self.span, self.short = set(fn.program.taken), fn.defn.span, Path(fn.program.ast.file).name
+        self.taken, self.short = names_in(fn.program.ast.defs), Path(fn.program.ast.file).name
         self.file = f"{self.short}~{name}.nk"  # not the folder: a program loaded by another path shares newt's caches
         self.lines, self.preamble, self.depth = [], [], 1  # (depth, text, span)
         self.params, self.consts, self.memo, self.env, self.rindex = {}, {}, {}, {}, {}  # params: name -> source
@@ -142,7 +139,7 @@ class Lowered:
             raise NkError(d.message, self.linemap.get(d.span.line), hint) from None
 
     def fresh(self, base: str, key=None) -> str:
-        """A name no one uses (base, base2, base3, ...), the same one for the same key."""
+        """A name that neither the file nor the kernel uses (base, base2, base3, ...), the same one for the same key."""
         if key is None or key not in self.memo:
             names = (f"{base}{i}" if i > 1 else base for i in itertools.count(1))
             self.memo[key] = next(n for n in names if n not in self.taken)
@@ -192,12 +189,11 @@ class Lowered:
         self.group = several and None not in (dims[-1][2], dims[-2][2])
         group = self.config.get("group", 1) if self.group else 1
         pid = self.fresh("pid")
+        self.line(f"for {pid} in range(program_id(0), {' * '.join(counts)}, num_programs(0)):" if persistent else
+                  f"{pid} = program_id(0)")
         if persistent:  # one program per SM walks the tiles
-            self.line(f"for {pid} in range(program_id(0), {' * '.join(counts)}, num_programs(0)):")
             self.depth += 1
             grid = min(grid, programs(self.interp.device))
-        else:
-            self.line(f"{pid} = program_id(0)")
         pids = [pid] if len(dims) == 1 and dims[0][2] else [v if d is None else self.fresh(f"pid_{v}") for v, _, d in dims]
         if group > 1:  # the last two dimensions as one, walked in groups of rows
             inner = pid if len(dims) == 2 else self.fresh("inner")
@@ -205,11 +201,8 @@ class Lowered:
             self.grouped(inner, pids[-2:], counts[-2:], self.declare(self.consts, "GROUP", group, "GROUP"))
         else:
             self.unflatten(pid, pids, counts)
-        for (v, bound, d), p in zip(dims, pids):
-            if d is None:
-                self.env[v] = E(v)
-            else:
-                self.enter(v, d, E(f"{p} * {d.block}", (), PREC["*"]), bound)
+        for (v, bound, d), p in zip(dims, pids):  # grid(n)'s index is a scalar
+            self.env[v] = E(v) if d is None else self.enter(v, d, E(f"{p} * {d.block}", (), PREC["*"]), bound)
         self.block(loop.body)
         self.finish(grid, loop)
 
@@ -237,9 +230,10 @@ class Lowered:
         block = self.declare(self.consts, f"BLOCK_{name.upper()}", size, ("block", name))
         return Dim(name, block, None if n is not None and n % size == 0 else bound.text, name, size)
 
-    def enter(self, name: str, dim: Dim, begin: E, bound: str) -> None:
+    def enter(self, name: str, dim: Dim, begin: E, bound: str) -> TileVar:
+        """The tile variable `name` of the tile at `begin`, its index vector assigned on a line of its own."""
         self.line(f"{name} = {begin.text} + arange(0, {dim.block})")
-        self.env[name] = TileVar(dim, begin, bound)
+        return TileVar(dim, begin, bound)
 
     def whole(self, bound: str, n: int) -> Dim:
         """A whole dimension of n elements (`bound` in the kernel) in a block of its next power of two; one index
@@ -322,7 +316,7 @@ class Lowered:
             dim, begin = self.tile(name, arg, bound), self.fresh(f"{name}_begin")
             self.line(f"for {begin} in range(0, {bound.text}, {dim.block}):")
             self.depth += 1
-            self.enter(name, dim, E(begin), bound.text)
+            self.env[name] = self.enter(name, dim, E(begin), bound.text)
         self.block(s.body)
         self.depth -= len(names)
 
@@ -346,8 +340,7 @@ class Lowered:
     e_Const = e_Str = e_Num
 
     def e_Name(self, e):
-        if e.id in self.env:
-            v = self.env[e.id]
+        if (v := self.env.get(e.id)) is not None:
             return E(e.id, (v.dim,)) if isinstance(v, TileVar) else v
         v = self.host.get(e.id)
         if e.id in self.fn.constexprs:
@@ -378,9 +371,8 @@ class Lowered:
         return E(f"{par(base, ATOM)}.{e.attr}", base.dims if e.attr == "to" else (), zero=base.zero and e.attr == "to")
 
     def e_Subscript(self, e):
-        base = e.value
-        if isinstance(base, A.Attribute) and base.attr == "shape" and (t := self.tensor(base.value)) is not None:
-            return E(self.size(base.value.id, self.known(e.index[0], "a dimension") % t.dim()))
+        if isinstance(e.value, A.Attribute) and e.value.attr == "shape" and (t := self.tensor(e.value.value)) is not None:
+            return E(self.size(e.value.value.id, self.known(e.index[0], "a dimension") % t.dim()))
         if self.tensor(e.value) is not None:
             ptr, m, dims = self.place(e)
             return E(f"load({ptr}{f', mask={m}, other=0' if m else ''})", dims, zero=True)
@@ -410,11 +402,10 @@ class Lowered:
             else:
                 offsets.append(self.scalar(item))
         require(len(offsets) == t.dim(), f"{len(offsets)} indices for a tensor of rank {t.dim()}", e.span)
-        parts = [x]
+        parts = [self.expr(e.value).text]  # the tensor's pointer, a parameter
         for d, i in enumerate(offsets):
             idx = par(E(dims[i].index + bc(i, len(dims))) if isinstance(i, int) else i, PREC["*"])
             parts.append(idx if t.stride(d) == 1 else f"{idx} * {self.size(x, d, 'stride')}")  # unit: seen contiguous
-        self.params[x] = ("value", x)
         return " + ".join(parts), mask(tuple(dims)), tuple(dims)
 
     def e_UnaryOp(self, e):

@@ -4,9 +4,6 @@
     out = prog.matmul(x, y)                       # tuned once per shape bucket, then from the disk store
     print(prog.matmul.source(x, y, config=cfg))   # the generated .nk
 """
-from __future__ import annotations
-
-import functools
 import os
 from pathlib import Path
 from typing import NamedTuple
@@ -52,15 +49,10 @@ class Launch(NamedTuple):
 class Program:
     """A `.nk` file of tile programs; each `tile` definition is an attribute."""
 
-    def __init__(self, text: str, filename: str):
+    def __init__(self, text: str, filename: str = "<string>"):
         self.filename, self.ast = filename, parsed(text, filename)
         self.defs = {d.name: d for d in self.ast.defs if d.kind == "def"}
         self.fns = {d.name: TileFunction(self, d) for d in self.ast.defs if d.kind == "tile"}
-
-    @functools.cached_property
-    def taken(self) -> set:
-        """The names the file uses: a generated name is none of them."""
-        return lower.names_in(self.ast.defs)
 
     def __getattr__(self, name: str) -> "TileFunction":
         if name in self.__dict__.get("fns", {}):
@@ -99,8 +91,7 @@ class TileFunction:
 
     def plan(self, args, kwargs, config: dict, poison: bool = False):
         """Run the host code: (the result, the launches it makes), nothing launched yet."""
-        launches, interp = [], lang.Interp(self.program.defs, lang.device_of(args, kwargs), None, config, poison)
-        call = (tuple(sorted(config.items())), signature(args, kwargs))  # the same call lowers the same way
+        launches, call = [], (tuple(sorted(config.items())), signature(args, kwargs))  # the same call lowers the same way
 
         def grid(loop, env):
             key = (id(loop), call, tuple(env.get(n) for n in sorted(self.constexprs)))  # and floats passed as constexprs
@@ -109,7 +100,7 @@ class TileFunction:
                 self.lowered[key] = lower.Lowered(self, env, interp, config, name, loop)
             launches.append(Launch(self.lowered[key], self.lowered[key].args(env)))
 
-        interp.hook = grid
+        interp = lang.Interp(self.program.defs, lang.device_of(args, kwargs), grid, config, poison)
         return interp.call(self.defn, args, kwargs), launches
 
     def space(self, *args, **kwargs) -> search.Space:
@@ -150,5 +141,4 @@ def load(path) -> Program:
     return Program(Path(path).read_text(), str(path))
 
 
-def compile(text: str, filename: str = "<string>") -> Program:
-    return Program(text, filename)
+compile = Program  # deuteron.compile(text, filename): the tile programs of a text

@@ -7,8 +7,6 @@ config is valid when no block holds more than 128 elements per thread. The searc
 a random population, then moves one parameter at a time from the best while that gains, then times the
 near-best few again.
 """
-from __future__ import annotations
-
 import json
 import math
 import random

@@ -3,8 +3,6 @@ file's helpers), the specialization (dtypes, shape bucket: the next power of two
 alignment, unit strides), the GPU's name and the newt and deuteron versions. An entry that does not parse, names
 another key or holds a config outside today's space reads as a miss, with a warning: the program is tuned again.
 """
-from __future__ import annotations
-
 import json
 import os
 import warnings

@@ -3,8 +3,6 @@ cache. A worker process per GPU runs each on clones of the inputs with the outpu
 with the eager oracle, and only then times it (CUDA events, L2 flushed, median). A compile error or a wrong
 result rejects the candidate; a fault, crash or hang also costs the worker, which is replaced.
 """
-from __future__ import annotations
-
 import multiprocessing
 import os
 import statistics
