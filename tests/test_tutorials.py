@@ -3,8 +3,7 @@ the forward and the backward pass.
 
 Device "cpu" runs the interpreter on small shapes and also compiles every kernel it launches with NVRTC for sm_80
 and sm_90a (no GPU needed); "cuda" (marker gpu) runs the GPU on the tutorials' own shapes. Inputs are fresh random
-tensors and outputs start as NaN. Tutorials that need a builtin from a branch not merged yet skip with the name of
-what they need.
+tensors and outputs start as NaN.
 """
 import math
 from pathlib import Path
@@ -14,8 +13,6 @@ import pytest
 import torch
 
 import newtc
-from newtc import check
-from newtc.paths import data_dir
 
 TUTORIALS = Path(__file__).resolve().parents[1] / "examples" / "tutorials"
 ARCHS = ("sm_80", "sm_90a")
@@ -23,13 +20,6 @@ ARCHS = ("sm_80", "sm_90a")
 
 def devices():
     return ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-
-
-def needs(*names):
-    """Skip unless newt has these builtins (check.BUILTINS) or keywords (the grammar)."""
-    grammar = (data_dir("grammar") / "nk.lark").read_text()
-    gone = [n for n in names if n not in check.BUILTINS and f'"{n}"' not in grammar]
-    return pytest.mark.skipif(bool(gone), reason=f"needs {', '.join(gone)} (a branch not merged yet)")
 
 
 class Tutorial:
@@ -145,7 +135,6 @@ def test_04_dropout_with_a_mask_in_memory(device):
         assert torch.allclose(out, torch.where(keep, x / 0.5, 0.0))
 
 
-@needs("rand")
 @pytest.mark.parametrize("device", devices())
 def test_04_seeded_dropout(device):
     t = Tutorial("04_low_memory_dropout", device)
@@ -164,7 +153,7 @@ def test_04_seeded_dropout(device):
 # ---- 05 layer norm ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("form", ["two-stage", pytest.param("locked", marks=needs("while", "debug_barrier"))])
+@pytest.mark.parametrize("form", ["two-stage", "locked"])
 def test_05_layer_norm_forward_and_backward(device, dtype, form):
     """The backward's dx kernel in its two-stage form (05_layer_norm.nk, a partial dw/db row per row) or the locked
     one (05_layer_norm_locked.nk, GROUP_SIZE_M rows), then _layer_norm_bwd_dwdb sums the partial rows."""
@@ -269,7 +258,6 @@ def test_06_fused_attention_backward(device, dtype, causal):
 
 
 # ---- 07 extern functions ---------------------------------------------------------------------------------------
-@needs("libdevice")
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_07_libdevice_asin(device, dtype):
@@ -299,7 +287,6 @@ def grouped_args(sizes, device):
 GROUPED = dict(NUM_SM=132, BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=32)
 
 
-@needs("while", "pointer_type")
 @pytest.mark.parametrize("arch", ARCHS)
 def test_08_grouped_gemm_compiles(arch):
     _, _, _, args = grouped_args([(256, 128, 64), (128, 256, 128)], "cpu")
@@ -307,7 +294,6 @@ def test_08_grouped_gemm_compiles(arch):
     assert ".entry" in module.grouped_matmul_kernel.ptx(*args, arch=arch, **GROUPED)
 
 
-@needs("while", "pointer_type")
 @pytest.mark.gpu
 def test_08_grouped_gemm():
     """GPU only: the interpreter follows addresses inside the launch's tensors, and the matrices are not among them."""
