@@ -29,7 +29,7 @@ _TORCH = {T.bool_: torch.bool, T.i8: torch.int8, T.i16: torch.int16, T.i32: torc
           T.f8e4m3: torch.float8_e4m3fn, T.f8e5m2: torch.float8_e5m2}
 _MASK = {T.u16: 0xFFFF, T.u32: 0xFFFFFFFF}
 _I64_MIN = -(2 ** 63)
-MAX_ITERATIONS = 1 << 20  # of `while` loops in one program: more is taken for a loop that never ends
+MAX_ITERATIONS = 1 << 20  # of one `for` loop, or of `while` loops, in one program: minutes in Python, or never ending
 
 
 class _Ptr(NamedTuple):
@@ -262,7 +262,11 @@ def _for(st, op, lo, hi, step, *carried):
     body = op.regions[0]
     if int(step) == 0:
         raise NkError("for loop with step 0", op.span)
-    for i in range(int(lo), int(hi), int(step)):  # Python range semantics, negative steps included
+    steps = range(int(lo), int(hi), int(step))  # Python range semantics, negative steps included
+    if len(steps) > MAX_ITERATIONS:
+        raise NkError(f"this loop runs {len(steps)} iterations: the interpreter takes at most {MAX_ITERATIONS} in one "
+                      "program", op.span, "the interpreter is for small shapes: run long loops on a GPU")
+    for i in steps:
         st.env[body.params[0]] = _const(i, body.params[0].type.dtype)
         st.env.update(zip(body.params[1:], carried))
         carried = _exec(st, body)

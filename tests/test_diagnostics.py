@@ -7,9 +7,11 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
+
 import pytest
 import torch
 
@@ -616,6 +618,18 @@ def test_an_endless_while_is_an_error_in_the_interpreter(monkeypatch, update, me
     with pytest.raises(newtc.NkError) as e:
         mod.k[(1,)](torch.zeros(1, dtype=torch.int32), 9)
     assert_diagnostic(e.value, "endless.nk", 3, 5, message)
+
+
+def test_a_loop_too_long_for_the_interpreter_is_an_error_before_it_runs():
+    """A fuzzer's mutant stepped a loop down to -2**31: 33 million iterations, a hang in the interpreter."""
+    text = "kernel k(x, n):\n    t = 0\n    for i in range(n, -2147483648, -64):\n        t += 1\n    store(x, t)\n"
+    mod = newtc.compile(text, "long.nk")
+    start = time.perf_counter()
+    with pytest.raises(newtc.NkError) as e:
+        mod.k[(1,)](torch.zeros(1, dtype=torch.int32), 1000)
+    assert time.perf_counter() - start < 10
+    assert_diagnostic(e.value, "long.nk", 3, 5, "this loop runs 33554448 iterations: the interpreter takes at most "
+                      "1048576 in one program", "run long loops on a GPU")
 
 
 def test_a_while_true_without_break_is_too_long():
