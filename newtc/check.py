@@ -108,12 +108,13 @@ class BlockPtr:
 
 
 def leaves(v) -> list:
-    """The runtime parts a loop or an `if` carries for a value: itself, or a block pointer's scalars."""
-    return v.leaves() if isinstance(v, BlockPtr) else [v]
+    """The parts a loop or an `if` carries for a value: a block pointer's scalars, a tuple's items, or itself."""
+    return v.leaves() if isinstance(v, BlockPtr) else list(v) if isinstance(v, tuple) else [v]
 
 
 def rebuild(v, parts: list):
-    return v.rebuild(parts) if isinstance(v, BlockPtr) else parts[0]
+    """v (as leaves took it apart) with these parts."""
+    return v.rebuild(parts) if isinstance(v, BlockPtr) else tuple(parts) if isinstance(v, tuple) else parts[0]
 
 
 def pairs(name: str, a, b, span: Span) -> list:
@@ -687,8 +688,7 @@ class Checker:
             return a
         if b is UNDEF:  # only the other path goes on
             if isinstance(a, (tuple, BlockPtr)):
-                parts = [self.join(name, x, UNDEF, inner, span) for x in leaves_of(a)]
-                return tuple(parts) if isinstance(a, tuple) else a.rebuild(parts)
+                return rebuild(a, [self.join(name, x, UNDEF, inner, span) for x in leaves(a)])
             return a.type if isinstance(a, ir.Value) and id(a) in inner else a
         if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
             return tuple(self.join(name, x, y, inner, span) for x, y in zip(a, b))
@@ -709,8 +709,8 @@ class Checker:
         if isinstance(j, Type):
             return [self.coerce(v, j, name, span)]
         if isinstance(j, (tuple, BlockPtr)):
-            return [x for i, y in enumerate(leaves_of(j))
-                    for x in self.fill(y, UNDEF if v is UNDEF else leaves_of(v)[i], name, span)]
+            return [x for i, y in enumerate(leaves(j))
+                    for x in self.fill(y, UNDEF if v is UNDEF else leaves(v)[i], name, span)]
         return []
 
     def join_type(self, name: str, a, b, span: Span) -> Type:
@@ -986,20 +986,14 @@ def drop_unread_merges(body: ir.Region) -> None:
 def merged(j) -> list:
     """The types of the results that a merged structure (Checker.join) takes."""
     if isinstance(j, (tuple, BlockPtr)):
-        return [t for x in leaves_of(j) for t in merged(x)]
+        return [t for x in leaves(j) for t in merged(x)]
     return [j] if isinstance(j, Type) else []
-
-
-def leaves_of(v) -> list:
-    """The parts of a tuple or of a block pointer."""
-    return list(v) if isinstance(v, tuple) else v.leaves()
 
 
 def rebuild_merged(j, results):
     """A merged structure with each of its types replaced by the next result."""
     if isinstance(j, (tuple, BlockPtr)):
-        parts = [rebuild_merged(x, results) for x in leaves_of(j)]
-        return tuple(parts) if isinstance(j, tuple) else j.rebuild(parts)
+        return rebuild(j, [rebuild_merged(x, results) for x in leaves(j)])
     return next(results) if isinstance(j, Type) else j
 
 
