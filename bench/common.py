@@ -10,7 +10,6 @@ import argparse
 import functools
 import json
 import os
-import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ def bench(fn, quick: bool = False) -> float:
 def _event_bench(fn, warmup: float, rep: float) -> float:
     """do_bench's method without Triton: estimate one run, warm up, then time each run between events."""
     import torch
+    from newtc.timing import time_ms
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
     fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -52,15 +52,7 @@ def _event_bench(fn, warmup: float, rep: float) -> float:
     estimate = max(start.elapsed_time(end) / 5, 1e-3)
     for _ in range(max(1, int(warmup / estimate))):
         fn()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(max(1, int(rep / estimate)))]
-    for s, e in events:
-        flush.zero_()
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events)
+    return time_ms(fn, flush, max(1, int(rep / estimate)))
 
 
 def gbps(nbytes: int, ms) -> float | str:

@@ -54,11 +54,11 @@ def device_of(args, kwargs) -> torch.device:
 
 
 class Interp:
-    """Evaluates a tile program: `config` holds tunable values; `poison` fills `empty` outputs with NaN (or -1)."""
+    """Evaluates a tile program: `config` holds tunable values; `poison` fills `empty` outputs with NaN (or -1);
+    `depth` counts the tile loops around the statement running."""
 
     def __init__(self, defs: dict, device, hook=None, config=None, poison=False):
-        self.defs, self.device, self.hook, self.config, self.poison = defs, device, hook, config or {}, poison
-        self.depth = 0  # enclosing tile loops
+        self.defs, self.device, self.hook, self.config, self.poison, self.depth = defs, device, hook, config or {}, poison, 0
 
     def call(self, d: A.FuncDef, args, kwargs):
         env, depth, self.depth = self.bind(d, args, kwargs), self.depth, 0

@@ -110,8 +110,10 @@ class Lowered:
         self.params, self.consts, self.memo, self.env, self.rindex = {}, {}, {}, {}, {}  # params: name -> source
         # for the search space: each tile's bound (its next power of two, or None), the tiles of dots, the block
         # shapes (tuples of tiles and whole sizes), an in-kernel tile loop, the grid's last two dimensions tiles
-        self.tiles, self.dot_tiles, self.values, self.loops, self.group = {}, set(), set(), False, False
+        self.tiles, self.dots, self.values, self.loops, self.group = {}, set(), set(), False, False
         self.lower(loop)
+        self.itemsize = max((v.element_size() for v in host.values() if isinstance(v, torch.Tensor)), default=2)
+        self.gpu = newtc.ops.gpu(interp.device.index if interp.device.type == "cuda" else -1)  # what dot tiles fit
         self.host = self.interp = None
 
     @functools.cached_property
@@ -423,7 +425,7 @@ class Lowered:
         a, b = self.expr(an), self.expr(bn)
         require(len(a.dims) == len(b.dims) == 2, "`@` multiplies two 2-D tiles", span)
         texts = [v.text if v.zero else padded(v, [k], "0") for v, k in ((a, 1), (b, 0))]  # K: a's axis 1, b's axis 0
-        self.dot_tiles |= {d.var for d in (a.dims[0], a.dims[1], b.dims[1]) if d and d.var}
+        self.dots.add(tuple(d.var if d else None for d in (a.dims[0], b.dims[1], a.dims[1])))  # (m, n, k)
         return E(f"dot({', '.join(texts + ([self.expr(acc).text] if acc else []))})", (a.dims[0], b.dims[1]))
 
     def e_Call(self, e):

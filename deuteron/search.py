@@ -3,7 +3,8 @@
 The space comes from what the lowering saw: a power-of-two block per tile (from 1, or 16 for a dot dimension,
 up to its bound's next power of two), num_warps, num_stages and a persistent grid where there is an in-kernel
 loop, program-id grouping where the grid's last two dimensions are tiles, and the program's own tunables. A
-config is valid when no block holds more than 128 elements per thread. The search times the default config and
+config is valid when no block holds more than 128 elements per thread. The default config of a program with one
+dot takes the largest tile the GPU's registers and shared memory hold. The search times the default config and
 a random population, then moves one parameter at a time from the best while that gains, then times the
 near-best few again.
 """
@@ -28,7 +29,8 @@ class Space:
 
     def __init__(self, infos: list, tunables: dict):
         tiles = {var: bound for info in infos for var, bound in info.tiles.items()}
-        dot, self.values = set().union(*(i.dot_tiles for i in infos)), set().union(*(i.values for i in infos))
+        dots, self.values = set().union(*(i.dots for i in infos)), set().union(*(i.values for i in infos))
+        dot = {var for d in dots for var in d if var}
         self.choices, defaults = {}, {}
         for var, bound in tiles.items():  # bound: the next power of two of the tile's bound, or None
             lo, cap = (16, 256) if var in dot else (1, 16384)
@@ -41,6 +43,22 @@ class Space:
         for name, options in tunables.items():
             self.choices[name], defaults[name] = list(options), options[0]
         self.defaults = self.shrink(defaults)
+        if len(dots) == 1 and self.valid(c := self.dot_default(*dots, tiles, infos[0])):  # it owns the registers
+            self.defaults = c
+
+    def dot_default(self, dims: tuple, bounds: dict, info) -> dict:
+        """A dot's tile is the largest the registers hold: an f32 accumulator of 128 values per thread over two
+        warpgroups (128x256, as wgmma takes 64-row blocks), a K step of one 128-byte row, and a ring as deep as
+        shared memory holds, up to 4 slots: the bigger the tile, the fewer bytes per FLOP it moves. The wider
+        of M and N then halves while the grid has fewer programs than the GPU has SMs."""
+        c = dict(self.defaults)
+        m, n, k = (min(w, self.choices[f"block_{v}"][-1]) if v else 16 for v, w in zip(dims, (128, 256, 128 // info.itemsize)))
+        while max(m, n) > 16 and math.prod(-(-(bounds[v] or 1 << 20) // b) for v, b in zip(dims, (m, n)) if v) < info.gpu.sms:
+            m, n = (m // 2, n) if m > n else (m, n // 2)
+        c.update({f"block_{v}": b for v, b in zip(dims, (m, n, k)) if v}, num_warps=max(4, min(8, m * n // 4096)))
+        if "num_stages" in c:
+            c["num_stages"] = max(2, min(4, info.gpu.smem // ((m + n) * k * info.itemsize)))
+        return c
 
     def elements(self, config: dict, shape: tuple) -> int:
         return math.prod(config.get(f"block_{d}", 1) if isinstance(d, str) else d for d in shape)

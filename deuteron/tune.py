@@ -5,7 +5,6 @@ result rejects the candidate; a fault, crash or hang also costs the worker, whic
 """
 import multiprocessing
 import os
-import statistics
 import sys
 import threading
 import time
@@ -16,6 +15,7 @@ from unittest import mock
 import torch
 
 from newtc import driver
+from newtc.timing import time_ms
 from newtc.errors import NkError
 
 from . import search
@@ -58,28 +58,14 @@ def check(got: list, want: list) -> None:
             raise Wrong(f"output {i}: {int(bad.sum())} of {g.numel()} elements differ from the oracle")
 
 
-def time_ms(fn, flush: torch.Tensor, runs: int) -> float:
-    """The median GPU time of fn over runs, each after an L2 flush."""
-    fn()
-    events = [[torch.cuda.Event(enable_timing=True) for _ in range(2)] for _ in range(runs)]
-    for start, end in events:
-        flush.zero_()
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events)
-
-
 class Session:
     """A worker's state: the program, the inputs on its GPU and the oracle's outputs."""
 
     def __init__(self, setup, device: int):
         from .program import Program
-        text, filename, name, args, kwargs = setup
         torch.cuda.set_device(device)
-        self.fn = Program(text, filename).fns[name]
-        self.args, self.kwargs = copies(args, kwargs, f"cuda:{device}")
+        self.fn = Program(*setup[:2]).fns[setup[2]]  # setup: the program's text, file name, tile name, args, kwargs
+        self.args, self.kwargs = copies(*setup[3:], f"cuda:{device}")
         args, kwargs = copies(self.args, self.kwargs)
         self.want = outputs(self.fn.eager(*args, **kwargs), args, kwargs)
         self.flush = torch.empty(256 << 20, dtype=torch.int8, device=f"cuda:{device}")  # 4x the H200's L2

@@ -86,6 +86,7 @@ class Gpu:
     regs: int = 65536  # 32-bit registers per SM
     warps: int = 64  # resident warps per SM
     ctas: int = 32  # resident programs per SM
+    smem: int = 232448  # shared memory a program may take
 
 
 @functools.cache
@@ -94,7 +95,7 @@ def gpu(device: int) -> Gpu:
         return Gpu()
     p = torch.cuda.get_device_properties(device)
     return Gpu(p.multi_processor_count, p.L2_cache_size or Gpu.l2_bytes, getattr(p, "regs_per_multiprocessor", 65536),
-               p.max_threads_per_multi_processor // 32)
+               p.max_threads_per_multi_processor // 32, smem=getattr(p, "shared_memory_per_block_optin", Gpu.smem))
 
 
 @dataclass(frozen=True)

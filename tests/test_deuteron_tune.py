@@ -51,6 +51,23 @@ def test_space_is_derived_from_the_program(prog):
     assert all(sum(c[k] != v for k, v in {"block_tm": 4, "num_warps": 4}.items()) == 1 for c in moves)
 
 
+def test_a_single_dot_starts_from_the_largest_tile_the_gpu_holds(prog):
+    """The default config of a one-dot program: an accumulator of 128 f32 values per thread, a K step of one
+    128-byte row, a ring that fits shared memory; for few rows, tiles narrow until the grid fills the GPU."""
+    gpu = newtc.ops.Gpu()  # CPU tensors plan for an H100/H200
+    for dtype in (torch.float16, torch.float32):
+        x = torch.randn(4096, 4096, dtype=dtype)
+        c = prog.matmul.space(x, x).default()
+        assert c["block_tm"] * c["block_tn"] == 128 * 32 * c["num_warps"] and c["block_tk"] * x.element_size() == 128
+        assert 2 <= c["num_stages"] and (c["block_tm"] + c["block_tn"]) * c["block_tk"] * x.element_size() * \
+            c["num_stages"] <= gpu.smem
+    few = prog.matmul.space(torch.randn(16, 4096, dtype=torch.half), torch.randn(4096, 4096, dtype=torch.half)).default()
+    assert few["block_tm"] == 16 and 4096 // few["block_tn"] >= gpu.sms
+    q = torch.randn(4, 256, 64)
+    two = prog.attention.space(q, q, q)  # two dots share the registers: the general default
+    assert two.default()["block_tm"] * 64 <= 32 * 32 * two.default()["num_warps"]
+
+
 # ---- the search on a fake timer -----------------------------------------------------------------
 def fake_timer(space, target, broken=lambda c: False):
     """Milliseconds growing with the distance (in choice steps) from `target`; `broken` configs are rejected."""
