@@ -36,10 +36,11 @@ def devices():
     return ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
-def close(out, ref, dtype):
+def close(out, ref, dtype, scale: float = 1e-12):
+    """Relative (Frobenius) error under the dtype's tolerance; `scale` floors the reference's norm."""
     ref = ref.float()
     assert out.shape == ref.shape, f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
-    err = (out.float() - ref).norm() / ref.norm().clamp_min(1e-12)
+    err = (out.float() - ref).norm() / ref.norm().clamp_min(scale)
     assert torch.isfinite(out.float()).all()
     assert err < TOL[dtype], f"relative error {err:.2e}"
 
@@ -66,7 +67,10 @@ def check_row_ops(x, dtype):
     w, b = torch.randn(n, device=x.device).to(dtype), torch.randn(n, device=x.device).to(dtype)
     t = torch.randint(0, n, x.shape[:-1], device=x.device)
     for name, out, ref in row_ops(x, w, b, t):
-        close(out, ref, torch.float32 if name == "cross_entropy" else dtype)
+        # log-space results are differences of logits, exact only to the logits' rounding: a one-column row's
+        # log-softmax and loss are 0, which lg2.approx on the GPU leaves at about 2e-7 (logit 3.7, measured)
+        scale = x.float().abs().max().item() if name in ("log_softmax", "cross_entropy") else 1e-12
+        close(out, ref, torch.float32 if name == "cross_entropy" else dtype, scale)
 
 
 @pytest.mark.parametrize("device", devices())
