@@ -111,12 +111,12 @@ def wgmma(cg, op: ir.Op) -> None:
     wb = group_offset(b, [(0, c) for _, c in origins])
     if shared_a:
         wa = group_offset(a, [(r, 0) for r, _ in origins])
-    else:
+    else:  # each (row, even k) of the thread's registers starts a word of two k
         A = by_coord(a.layout, cg.regs(a))
         words = {(r, c): f"nk_pack2({A[(r, c)]}, {A[(r, c + 1)]})" for r, c in A if c % 2 == 0}
-        wa = dict(zip(words, (cg.fresh("f") for _ in words)))
-        cg.emit_all([f"unsigned {wa[x]} = {w};" for x, w in words.items()])
-        cg.emit_all([f'asm volatile("" : "+r"({r}));' for r in wa.values()], per_line=4)
+        fa = dict(zip(words, (cg.fresh("f") for _ in words)))
+        cg.emit_all([f"unsigned {fa[x]} = {w};" for x, w in words.items()])
+        cg.emit_all([f'asm volatile("" : "+r"({r}));' for r in fa.values()], per_line=4)
     ops = ", ".join(f"%{i}" for i in range(nw // 2))
     cg.emit('asm volatile("wgmma.fence.sync.aligned;" ::: "memory");')
     for blk in range(mw // 64):
@@ -127,9 +127,9 @@ def wgmma(cg, op: ir.Op) -> None:
             if shared_a:
                 da = wgmma_descriptor(a.layout, item, (64 * blk, 16 * s), (64, 16), 1)
                 operand, args, flags = f"%{nw // 2}", [f'"l"({desc(a, wa, da)})'], f"1, 1, 1, {int(da[4])}"
-            else:  # words at rows +0, +8 and k +0, +8
+            else:  # a0..a3: the words at rows +0, +8, then at k +8
                 operand = "{" + ", ".join(f"%{nw // 2 + j}" for j in range(4)) + "}"
-                args = [f'"r"({wa[(64 * blk + 8 * (j % 2), 16 * s + 8 * (j // 2))]})' for j in range(4)]
+                args = [f'"r"({fa[(64 * blk + 8 * (j % 2), 16 * s + 8 * (j // 2))]})' for j in range(4)]
                 flags = "1, 1, 1"
             cg.emit(f'asm volatile("wgmma.mma_async.sync.aligned.m64n{nw}k16.{op.attrs["types"]} {{{ops}}}, '
                     f'{operand}, %{nw // 2 + len(args)}, {flags}, {int(db[4])};" : {binds} : '

@@ -73,8 +73,8 @@ def mma_shape(op: ir.Op, arch: str) -> tuple | None:
 
 def wgmma_layouts(op: ir.Op, spec, a_inner: int, b_inner: int) -> tuple | None:
     """On sm_90a, f16/bf16 dots whose tiles fit the warpgroup MMA: both operands in swizzled shared tiles
-    (stored along the way they were loaded), the accumulator in registers; None where wgmma cannot run it
-    (then mma.sync does)."""
+    (stored along the way they were loaded; Plan.dot may read A from registers instead), the accumulator in
+    registers; None where wgmma cannot run it (then mma.sync does)."""
     a, b, acc = op.args
     (m, k), n = a.type.shape, b.type.shape[1]
     dt = a.type.dtype
