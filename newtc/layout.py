@@ -365,6 +365,17 @@ def wgmma_acc(shape: tuple, warpgroups: tuple) -> Layout:
     return Layout(tuple(shape), tuple(reg), tuple(lane), tuple(warp))
 
 
+def wgmma_a(shape: tuple, warpgroups: tuple) -> Layout:
+    """Operand A [M, K] of wgmma read from registers: per 16-wide K step, warp w holds rows 16w..16w+15 of each
+    64-row block as mma.m16n8k16's A fragment (a0..a3: rows g and g + 8 at k 2t, 2t + 1, then the same at k + 8),
+    which is the accumulator's C fragment of the two n8 tiles at k and k + 8, so this is `wgmma_acc` with K as
+    columns: a dot's result reaches the next dot's A without moving (attention's P). Warpgroups split M as the
+    accumulator does; those that split N all hold every K, replicated."""
+    gm, gn = warpgroups
+    acc = wgmma_acc(shape, (gm, 1))
+    return Layout(acc.shape, acc.reg, acc.lane, acc.warp + (0,) * log2(gn))
+
+
 def _swizzle(addr: int, mode_bytes: int) -> int:
     """The tensor cores' swizzle of a shared-memory byte address: bits 4.. XOR-ed with bits 7.. (one bit per
     doubling of the mode past 16 bytes)."""

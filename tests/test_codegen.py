@@ -129,11 +129,15 @@ BWD = ("sm_80:HMMA", "sm_90a:HGMMA", "LDGSTS", "BAR.SYNC")
 # (spec, arch) that compile and run on the tensor cores but spill, kept out of SPECS (whose test forbids it), at
 # every block size tried: the backward kernels at D 256 on both archs (70 to 430 local loads on sm_90a), dK/dV at
 # D 128 on sm_80 (1 to 8). Each holds two [rows, D] tiles (K and V, or Q and dO) as register operands beside its
-# f32 accumulators.
+# f32 accumulators. The forward at D 256 on sm_90a: 4 bytes, one value kept in local memory across the K/V loop
+# (stored before it, loaded after). Its S = Q K^T is 16 mma.sync steps read by ldmatrix, and in a loop body with no
+# branch ptxas issues all those reads ahead (255 registers); with P staged through shared memory under a branch (one
+# warpgroup stores it) it did not (164), and the same source with that store unguarded spills alike.
 ATTENTION_SPILLING = [
     *((attention_launched(kernel, "f16-d256-causal", f16, 256, True), arch)
       for kernel in ("attention_bwd_dkdv", "attention_bwd_dq") for arch in ARCHS),
-    (attention_launched("attention_bwd_dkdv", "bf16-d128", bf16, 128, False), "sm_80")]
+    (attention_launched("attention_bwd_dkdv", "bf16-d128", bf16, 128, False), "sm_80"),
+    (attention_launched("attention_fwd", "f16-d256", f16, 256, True), "sm_90a")]
 VEC = ("LDG.E.128", "STG.E.128")
 RED = ("SHFL.BFLY",)
 SMEM = ("STS", "LDS", "BAR.SYNC")
@@ -213,10 +217,10 @@ SPECS = [
     *matmul("matmul", "f16-a-transposed", f16, 4096, 4096, 4096, *MMA, transposed=True),
     *matmul("matmul", "f32-tf32", f32, 1024, 1024, 1024, "HMMA", "LDGSTS"),
     *matmul("matmul_bias", "f16-gelu", f16, 4096, 4096, 4096, *MMA, activation="gelu"),
-    # P stays in the registers S was computed in on sm_80; on sm_90a both products are wgmma
+    # P stays in the registers S was computed in: mma.sync's A on sm_80, wgmma's on sm_90a (test_attention_p_...)
     attention("f16-d128", f16, 128, False, 128, 64, 8, 2, *MMA),
     attention("bf16-d64-causal", bf16, 64, True, 128, 64, 8, 3, *MMA),
-    attention_launched("attention_fwd", "f16-d256", f16, 256, True, *MMA),
+    dataclasses.replace(attention_launched("attention_fwd", "f16-d256", f16, 256, True, *MMA), archs=("sm_80",)),
     # the backward pass: delta, then dK/dV and dQ at each head dim (every dot on the tensor cores)
     attention_launched("attention_bwd_pre", "bf16-d128", bf16, 128, False, "LDG.E.128", *RED),
     *(attention_launched(kernel, f"{dt.name}-d{d}" + ("-causal" if causal else ""), dt, d, causal, *BWD)
@@ -344,6 +348,30 @@ def test_attention_dots_on_tensor_cores(s):
 def test_attention_spilling_compiles(s, arch):
     ops_ = opcodes(compiled(s, arch)[1])
     assert has(ops_, "HMMA") or has(ops_, "HGMMA"), sorted(ops_)  # at 32 rows, below wgmma's 64: mma.sync
+
+
+@pytest.mark.parametrize("d,dt", [(64, bf16), (64, f16), (128, f16), (128, bf16)], ids=lambda v: str(v))
+def test_attention_p_stays_in_registers(d, dt):
+    """The forward as ops launches it: on sm_90a P, computed in S's accumulator registers, is P V's wgmma operand A
+    as it is (HGMMA reads A from registers, B from a descriptor) and nothing in the K/V loop stores to shared memory
+    but the async copies; no spills; sm_80 keeps mma.sync."""
+    from newtc import ir
+    s = attention_launched("attention_fwd", f"{dt.name}-d{d}", dt, d, d == 64)
+    spec_ = compiler.Spec(s.sig, s.consts, s.num_warps, s.num_stages, aligned=s.aligned, ones=s.ones, arch="sm_90a")
+    kernel = compiler.compile(stdlib_module("attention")[0], s.kernel, spec_, until="ir").kernel
+    loop = next(op for op in ir.walk(kernel.body) if op.kind == "for")
+    body = list(ir.walk(loop.regions[0]))
+    *_, pv = [op for op in body if op.kind == "dot"]
+    assert "wgmma" in pv.attrs and not isinstance(pv.args[0].type.dtype, ir.Buffer)
+    assert not [op for op in body if op.kind == "local_store"]
+    for arch in ARCHS:
+        sass = compiled(s, arch)[1]
+        ops_ = opcodes(sass)
+        assert not has(ops_, "LDL") and not has(ops_, "STL"), arch
+        if arch == "sm_90a":
+            assert re.search(r"HGMMA\.64x\d+x16\.F32\S* R\d+, R\d+, gdesc", sass)
+        else:
+            assert has(ops_, "HMMA") and not has(ops_, "HGMMA")
 
 
 def test_generated_kernel_shape():

@@ -5,7 +5,8 @@ import itertools
 import pytest
 
 from newtc.codegen.shared import ldmatrix_plan, shared_offsets
-from newtc.layout import (inverse, mma_acc, mma_operand, mma_warps, row_major, swizzled, to_coord, xor_span)
+from newtc.layout import (inverse, mma_acc, mma_operand, mma_warps, rename, row_major, swizzled, to_coord, wgmma_a,
+                          wgmma_acc, xor_span)
 
 
 def element(layout, r, lane, warp):
@@ -51,6 +52,39 @@ def test_cta_fragments_cover_the_tile_once_per_warp_grid(m, n, k, warps):
     for lane, w in itertools.product(range(32), range(warps)):
         assert {c[0] for c in coords(acc, lane, w)} == {c[0] for c in coords(a, lane, w)}
         assert {c[1] // 8 for c in coords(acc, lane, w)} == {c[1] // 8 for c in coords(b, lane, w)}
+
+
+# ---- wgmma: the accumulator and operand A from registers (PTX ISA, "Register Fragments" for wgmma .m64nNk16) ----
+@pytest.mark.parametrize("n", [8, 64, 256])
+def test_wgmma_fragments_match_the_ptx_tables(n):
+    """D: warp w of the warpgroup holds rows 16w + g (+8), columns 8i + 2t (+1). A (f16/bf16, four 32-bit words of
+    two halves): word j holds rows 16w + g + 8 (j % 2), k 2t + 8 (j // 2), then + 1."""
+    acc, a = wgmma_acc((64, n), (1, 1)), wgmma_a((64, 16), (1, 1))
+    for w, lane in itertools.product(range(4), range(32)):
+        g, t = 16 * w + lane // 4, lane % 4
+        want_d = [(g + 8 * (i // 2 % 2), 8 * (i // 4) + 2 * t + i % 2) for i in range(n // 2)]
+        assert coords(acc, lane, w) == want_d
+        want_a = [(g + 8 * (j % 2), 2 * t + 8 * (j // 2) + e) for j in range(4) for e in range(2)]
+        assert coords(a, lane, w) == want_a
+
+
+@pytest.mark.parametrize("m,k,warps", [(64, 16, 4), (128, 64, 8), (64, 64, 8), (256, 128, 8), (128, 32, 4)])
+def test_wgmma_register_a_is_the_accumulator_with_k_as_columns(m, k, warps):
+    """A dot's result feeds the next dot's A with no data moving (rename: same threads, registers permuted) when
+    warpgroups split M alike; warpgroups that split the next dot's N hold all of A, copies."""
+    gm = min(warps // 4, m // 64)
+    wg = (gm, warps // 4 // gm)
+    a = wgmma_a((m, k), wg)
+    held = {element(a, r, lane, w) for r, lane, w in itertools.product(range(a.nregs), range(32), range(warps))}
+    assert held == set(range(m * k))
+    for group in range(warps // 4):  # a warpgroup holds every k of its block of rows, and nothing else
+        mine = {c for w in range(4 * group, 4 * group + 4) for lane in range(32) for c in coords(a, lane, w)}
+        block = m // gm * (group % gm)
+        assert mine == set(itertools.product(range(block, block + m // gm), range(k)))
+    if wg[1] == 1:
+        assert rename(wgmma_acc((m, k), wg), a) is not None  # attention's P: S's registers as they are
+    if m == 64:  # an mma.sync accumulator of a chained dot (warps along M only) is the same fragment
+        assert rename(mma_acc((m, k), (4, 1), warps), a) is not None
 
 
 # ---- swizzled tiles ----------------------------------------------------------------------------------

@@ -84,15 +84,18 @@ def mma(cg, op: ir.Op) -> None:
 
 
 def wgmma(cg, op: ir.Op) -> None:
-    """Hopper: each warpgroup issues one wgmma.m64nNk16 per 64-row block and K step, both operands read by the
-    tensor cores from their swizzled shared tiles through matrix descriptors, then waits for them. A warpgroup's
-    tiles start where its warp bits put it: a per-thread byte offset XOR-ed into each descriptor's address."""
+    """Hopper: each warpgroup issues one wgmma.m64nNk16 per 64-row block and K step, B (and A unless it is in registers)
+    read by the tensor cores from their swizzled shared tiles through matrix descriptors, then waits for them. A
+    warpgroup's tiles start where its warp bits put it: a per-thread byte offset XOR-ed into each descriptor's address.
+    A in registers is four 32-bit words of f16/bf16 pairs per step (rows g, g + 8 at k 2t, then at k 2t + 8), packed
+    and pinned before the fence that orders their writes before the tensor cores read them."""
     a, b, acc = op.args
     res = op.result
     gm, gn = op.attrs["wgmma"]
     (m, k), n = a.type.shape, b.type.shape[1]
     mw, nw = m // gm, n // gn
-    item = a.type.dtype.elem.itemsize
+    item = b.type.dtype.elem.itemsize
+    shared_a = isinstance(a.type.dtype, ir.Buffer)
     name = cg.array(res)
     cg.emit_all([f"{name}[{i}] = {c};" for i, c in enumerate(cg.regs(acc))])
     out = by_coord(res.layout, [f"{name}[{i}]" for i in range(res.layout.nregs)])
@@ -102,22 +105,35 @@ def wgmma(cg, op: ir.Op) -> None:
         inv = inverse(buf.layout)
         offs = tuple(item * xor_span(inv, to_flat(buf.layout.shape, c)) for c in coords)
         return cg.thread_var((0,) * 5, (0, 0) + offs, f"warpgroup offsets in {buf.layout.short()}")
-    wa = group_offset(a, [(r, 0) for r, _ in origins])
+
+    def desc(buf: ir.Value, wg: str, d: tuple) -> str:
+        return f"nk_desc(nk_sbase + {buffer_base(cg, buf)} + ({wg} ^ {d[0]}), {d[1]}, {d[2]}, {d[3]})"
     wb = group_offset(b, [(0, c) for _, c in origins])
-    ba, bb = buffer_base(cg, a), buffer_base(cg, b)
+    if shared_a:
+        wa = group_offset(a, [(r, 0) for r, _ in origins])
+    else:  # each (row, even k) of the thread's registers starts a word of two k
+        A = by_coord(a.layout, cg.regs(a))
+        words = {(r, c): f"nk_pack2({A[(r, c)]}, {A[(r, c + 1)]})" for r, c in A if c % 2 == 0}
+        fa = dict(zip(words, (cg.fresh("f") for _ in words)))
+        cg.emit_all([f"unsigned {fa[x]} = {w};" for x, w in words.items()])
+        cg.emit_all([f'asm volatile("" : "+r"({r}));' for r in fa.values()], per_line=4)
     ops = ", ".join(f"%{i}" for i in range(nw // 2))
     cg.emit('asm volatile("wgmma.fence.sync.aligned;" ::: "memory");')
     for blk in range(mw // 64):
         regs = [out[(64 * blk + 8 * (q // 2 % 2), 8 * (q // 4) + q % 2)] for q in range(nw // 2)]
         binds = ", ".join(f'"+f"({r})' for r in regs)
         for s in range(k // 16):
-            da = wgmma_descriptor(a.layout, item, (64 * blk, 16 * s), (64, 16), 1)
             db = wgmma_descriptor(b.layout, item, (16 * s, 0), (16, nw), 0)
-            descs = [f"nk_desc(nk_sbase + {base} + ({wg} ^ {d[0]}), {d[1]}, {d[2]}, {d[3]})"
-                     for base, wg, d in ((ba, wa, da), (bb, wb, db))]
+            if shared_a:
+                da = wgmma_descriptor(a.layout, item, (64 * blk, 16 * s), (64, 16), 1)
+                operand, args, flags = f"%{nw // 2}", [f'"l"({desc(a, wa, da)})'], f"1, 1, 1, {int(da[4])}"
+            else:  # a0..a3: the words at rows +0, +8, then at k +8
+                operand = "{" + ", ".join(f"%{nw // 2 + j}" for j in range(4)) + "}"
+                args = [f'"r"({fa[(64 * blk + 8 * (j % 2), 16 * s + 8 * (j // 2))]})' for j in range(4)]
+                flags = "1, 1, 1"
             cg.emit(f'asm volatile("wgmma.mma_async.sync.aligned.m64n{nw}k16.{op.attrs["types"]} {{{ops}}}, '
-                    f'%{nw // 2}, %{nw // 2 + 1}, 1, 1, 1, {int(da[4])}, {int(db[4])};" : {binds} : '
-                    f'"l"({descs[0]}), "l"({descs[1]}));')
+                    f'{operand}, %{nw // 2 + len(args)}, {flags}, {int(db[4])};" : {binds} : '
+                    f'{", ".join(args)}, "l"({desc(b, wb, db)}));')
     cg.emit('asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");')
     if not op.attrs.get("async"):  # else a dot_wait follows
         wait(cg, 0, list(out.values()))

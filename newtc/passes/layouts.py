@@ -16,7 +16,7 @@ from __future__ import annotations
 from .. import ir
 from ..ir import facts
 from ..layout import (Layout, axis_levels, blocked, contiguous_dim, log2, mma_acc, mma_operand, mma_warps, pair, remap,
-                      slice_layout, swizzled, vector, wgmma_acc, wgmma_descriptor, wgmma_warps)
+                      rename, slice_layout, swizzled, vector, wgmma_a, wgmma_acc, wgmma_descriptor, wgmma_warps)
 from ..types import bf16, f16, f32, i8, i32, u8
 
 FREE = {"splat", "arange", "broadcast", "expand_dims", "trans"}  # reshape and elementwise: free if their operands are
@@ -73,8 +73,8 @@ def mma_shape(op: ir.Op, arch: str) -> tuple | None:
 
 def wgmma_layouts(op: ir.Op, spec, a_inner: int, b_inner: int) -> tuple | None:
     """On sm_90a, f16/bf16 dots whose tiles fit the warpgroup MMA: both operands in swizzled shared tiles
-    (stored along the way they were loaded), the accumulator in registers; None where wgmma cannot run it
-    (then mma.sync does)."""
+    (stored along the way they were loaded; Plan.dot may read A from registers instead), the accumulator in
+    registers; None where wgmma cannot run it (then mma.sync does)."""
     a, b, acc = op.args
     (m, k), n = a.type.shape, b.type.shape[1]
     dt = a.type.dtype
@@ -241,6 +241,11 @@ class Plan:
         wg = wgmma_layouts(op, self.k.spec, *inner) if mma is not None else None
         if wg is not None:
             a, b, acc, warps = wg
+            # A from registers where its registers already are the fragment (a dot's result, elementwise on it): no
+            # store, fence and barrier. Else the tensor cores read a shared tile (a loaded A goes there anyway)
+            ra = wgmma_a(op.args[0].type.shape, warps)
+            if not self.free(op.args[0]) and rename(self.of(op.args[0]), ra) is not None:
+                a = ra
             op.attrs.update(wgmma=warps, types=MMA[(op.args[0].type.dtype, f32)][1].rsplit(".", 1)[0])
         elif mma is not None:
             kwidth, types = mma

@@ -147,8 +147,10 @@ class Pipeliner:
         down = step_op is not None and step_op.kind == "const" and step_op.attrs["value"] < 0
         *_, yield_op = body.ops
         # a wgmma that only accumulates into a carried value may run on while the next iteration starts (one group
-        # in flight): the slot it reads is then overwritten two iterations later, so copies run stages - 2 ahead
+        # in flight): the slot it reads is then overwritten two iterations later, so copies run stages - 2 ahead. Not
+        # with A in registers: the next iteration would rewrite them while the tensor cores still read them
         lagging = [u for *_, reads in found for u in reads if u.kind == "dot" and u.args[2] in body.params
+                   and isinstance(u.args[0].type.dtype, ir.Buffer)
                    and len(readers_of(body, u.result)) == 1 and yield_op.args.index(u.result) + 1
                    == body.params.index(u.args[2])] if s_count >= 3 else []
         ahead_by = s_count - 1 - (1 if lagging else 0)

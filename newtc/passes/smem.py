@@ -97,8 +97,8 @@ def _effects(op: ir.Op) -> list:
         return [("r", op.args[0])]
     if kind == "barrier":
         return [("sync",)]
-    if kind == "dot" and "wgmma" in op.attrs:  # the tensor cores read both tiles from shared memory
-        return [("ra", op.args[0]), ("ra", op.args[1])]
+    if kind == "dot" and "wgmma" in op.attrs:  # the tensor cores read B, and A unless it is in registers
+        return [("ra", x) for x in op.args[:2] if isinstance(x.type.dtype, ir.Buffer)]
     if op.args and op.args[-1] is not None and isinstance(op.args[-1].type.dtype, ir.Buffer):
         s = op.args[-1]  # a scratch buffer: written, then a barrier inside the op, then read back
         return [("w", s), ("sync",), ("r", s)]
