@@ -645,6 +645,11 @@ for _fn, _fake in ((softmax, lambda x: _like(x)[0]), (log_softmax, lambda x: _li
 
 
 # ---- matmul -------------------------------------------------------------------------------------------
+def _arch(t: Tensor) -> str:
+    """The GPU the tensor is on, or the one the interpreter plans for."""
+    return driver.arch(t.get_device()) if t.is_cuda else "sm_90a"
+
+
 def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a") -> dict:
     """Tile sizes by shape (a small table until the autotuner picks them): the 128x256 tile with 8 warps
     (two warpgroups) and a 4-slot ring for large products (measured on an H200: 621 TFLOP/s at 4096^3 f16
@@ -678,7 +683,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
     if m == 0 or n == 0:
         return c
-    cfg = _matmul_config(m, n, k, a.element_size(), driver.arch(a.get_device()) if a.is_cuda else "sm_90a")
+    cfg = _matmul_config(m, n, k, a.element_size(), _arch(a))
     grid = (-(-m // cfg["BM"]) * -(-n // cfg["BN"]),)
     act = activation or "none"
     strides = (*a.stride(), *b.stride(), *c.stride())
@@ -691,18 +696,26 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
 
 
 # ---- attention ----------------------------------------------------------------------------------------
-def _attention_blocks(d: int, rows: int, keys: int, kernel: str) -> dict:
-    """Blocks by head dim, 8 warps. The block a program holds (queries for the forward and dQ, keys for dK/dV)
-    keeps its f32 accumulators ([BM, D], or two [BN, D]) at 64 values per thread, as the forward's 128x64
-    tile at D 128 does (measured best on an H200), and at least 64 rows (wgmma's M; fewer spill more at D
-    256). The streamed block is as long as the other live tiles leave registers for: fewer as D grows, and
-    in dQ (dO and dP live) and dK/dV (K, V, dO, dS) than in the forward; NVRTC spills past these (at D 256
-    and for dK/dV at D 128 on sm_80 it spills anyway). Blocks shrink to cover short sequences (16: a
-    tensor-core step)."""
-    held = min(128, max(64, (8192 if kernel == "dkdv" else 16384) // d))
-    streamed = max(16, min(64, {"fwd": 8192, "dq": 4096, "dkdv": 2048}[kernel] // d))
+# Attention's blocks: kernel -> (held, streamed, longest streamed) numerators over D, with wgmma (sm_90a) and with
+# mma.sync. Measured on an H200 (bench/RESULTS.md) over blocks, warps and stages; mma.sync keeps the blocks that
+# compile without spills on sm_80.
+ATTENTION_BLOCKS = {("fwd", True): (16384, 8192, 128), ("dq", True): (8192, 8192, 64), ("dkdv", True): (16384, 4096, 32),
+                    ("fwd", False): (16384, 8192, 64), ("dq", False): (16384, 4096, 64), ("dkdv", False): (8192, 2048, 64)}
+
+
+def _attention_blocks(d: int, rows: int, keys: int, kernel: str, arch: str) -> dict:
+    """Blocks by head dim. The block a program holds (queries for the forward and dQ, keys for dK/dV) is 64 to
+    128 rows (64: wgmma's M); the streamed block is as long as the other live tiles leave registers for: fewer
+    as D grows, and fewer in dK/dV (K, V, dO, dS). With wgmma, as many warps as keep the f32 accumulators
+    ([BM, D], or two [BN, D]) at 128 values per thread, at least one warpgroup (one beat two by 10-15% in the
+    forward and dQ at D 128); mma.sync holds its fragments in more registers: 8 warps. Blocks shrink to cover
+    short sequences (16: a tensor-core step)."""
+    wgmma = arch == "sm_90a"
+    held, streamed, longest = ATTENTION_BLOCKS[kernel, wgmma]
+    held, streamed = min(128, max(64, held // d)), max(16, min(longest, streamed // d))
+    warps = max(4, held * d * (2 if kernel == "dkdv" else 1) // 4096) if wgmma else 8
     bm, bn = (streamed, held) if kernel == "dkdv" else (held, streamed)
-    return dict(BM=min(bm, max(16, _pow2(rows))), BN=min(bn, max(16, _pow2(keys))), D=d, num_warps=8,
+    return dict(BM=min(bm, max(16, _pow2(rows))), BN=min(bn, max(16, _pow2(keys))), D=d, num_warps=warps,
                 num_stages=3 if d == 64 else 2)
 
 
@@ -734,7 +747,7 @@ def _strides(*ts: Tensor) -> tuple:
 def _attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
     (b, h, lq, d), (hk, lk) = q.shape, k.shape[1:3]
     o, lse = _like(q)[0], q.new_empty((b, h, lq), dtype=torch.float32)
-    cfg = _attention_blocks(d, lq, lk, "fwd")
+    cfg = _attention_blocks(d, lq, lk, "fwd", _arch(q))
     _stdlib("attention").attention_fwd[(_cdiv(lq, cfg["BM"]), b * h)](
         q, k, v, o, lse, lq, lk, h, hk, scale, *_strides(q, k, v, o), CAUSAL=causal, **cfg)
     return o, lse
@@ -748,7 +761,7 @@ def _attention_backward(g: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, l
     (b, h, lq, d), (hk, lk) = q.shape, k.shape[1:3]
     dq, dk, dv = _like(q)[0], _like(k)[0], _like(v)[0]
     delta = torch.empty_like(lse)
-    qcfg, kcfg = _attention_blocks(d, lq, lk, "dq"), _attention_blocks(d, lq, lk, "dkdv")
+    qcfg, kcfg = (_attention_blocks(d, lq, lk, kernel, _arch(q)) for kernel in ("dq", "dkdv"))
     mod.attention_bwd_pre[(_cdiv(lq, qcfg["BM"]), b * h)](o, g, delta, lq, h, *_strides(o, g), BM=qcfg["BM"], D=d)
     mod.attention_bwd_dkdv[(_cdiv(lk, kcfg["BN"]), b * hk)](q, k, v, g, lse, delta, dk, dv, lq, lk, h, hk, scale,
                                                             *_strides(q, k, v, g, dk, dv), CAUSAL=causal, **kcfg)

@@ -80,7 +80,7 @@ def backward(q, k, v, o, lse, g, causal):
     (b, h, lq, d), hk, lk = q.shape, k.shape[1], k.shape[2]
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     delta = torch.full_like(lse, float("nan"))
-    qcfg, kcfg = ops._attention_blocks(d, lq, lk, "dq"), ops._attention_blocks(d, lq, lk, "dkdv")
+    qcfg, kcfg = (ops._attention_blocks(d, lq, lk, kernel, ops._arch(q)) for kernel in ("dq", "dkdv"))
     mod.attention_bwd_pre[(-(-lq // qcfg["BM"]), b * h)](o, g, delta, lq, h, *o.stride()[:3], *g.stride()[:3],
                                                           BM=qcfg["BM"], D=d)
     assert torch.allclose(delta, (o.float() * g.float()).sum(-1), rtol=1e-4, atol=1e-4)
