@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 
 import newtc
-from newtc import ast as A
+from newtc import ast as A, gpu
 from newtc.errors import NkError, Span
 from newtc.types import DType
 
@@ -85,7 +85,7 @@ def next_pow2(n: int) -> int:
 
 def programs(device: torch.device) -> int:
     """How many programs a persistent grid starts: one per SM, as newt's model of the GPU says (4 in the interpreter)."""
-    return newtc.ops.gpu(device.index).sms if device.type == "cuda" else 4
+    return gpu.gpu(device.index).sms if device.type == "cuda" else 4
 
 
 def is_whole(item) -> bool:
@@ -113,7 +113,7 @@ class Lowered:
         self.tiles, self.dots, self.values, self.loops, self.group = {}, set(), set(), False, False
         self.lower(loop)
         self.itemsize = max((v.element_size() for v in host.values() if isinstance(v, torch.Tensor)), default=2)
-        self.gpu = newtc.ops.gpu(interp.device.index if interp.device.type == "cuda" else -1)  # what dot tiles fit
+        self.gpu = gpu.gpu(interp.device.index if interp.device.type == "cuda" else -1)  # what dot tiles fit
         self.host = self.interp = None
 
     @functools.cached_property

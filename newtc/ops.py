@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from . import driver, jit
+from .gpu import Gpu, gpu
 from .passes import smem
 from .errors import NkError
 from .jit import load
@@ -76,26 +77,6 @@ TRAFFIC = {"softmax": 2, "norm": 2, "cross_entropy": 1}  # row passes to DRAM at
 REDUCE = 0.6  # a program's reductions, in units of its loading time. A program that stores no rows leaves its
 # SM's memory idle through them unless another is loading meanwhile (measured on an H200: cross-entropy with
 # 64 KB rows in registers, one program per SM, ran at 0.61x of the looped kernel); stores overlap them
-
-
-@dataclass(frozen=True)
-class Gpu:
-    """What the model needs of a GPU. The defaults (an H100/H200) plan CPU tensors for the interpreter."""
-    sms: int = 132
-    l2_bytes: int = 50 * 2**20
-    regs: int = 65536  # 32-bit registers per SM
-    warps: int = 64  # resident warps per SM
-    ctas: int = 32  # resident programs per SM
-    smem: int = 232448  # shared memory a program may take
-
-
-@functools.cache
-def gpu(device: int) -> Gpu:
-    if device < 0:
-        return Gpu()
-    p = torch.cuda.get_device_properties(device)
-    return Gpu(p.multi_processor_count, p.L2_cache_size or Gpu.l2_bytes, getattr(p, "regs_per_multiprocessor", 65536),
-               p.max_threads_per_multi_processor // 32, smem=getattr(p, "shared_memory_per_block_optin", Gpu.smem))
 
 
 @dataclass(frozen=True)
