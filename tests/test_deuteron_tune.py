@@ -498,6 +498,17 @@ print(ms)
 """
 
 
+def test_a_call_from_the_store_does_not_import_newtc_ops():
+    """The warm start's budget (50 ms) has no room for newtc.ops, whose torch custom-op registrations take
+    ~30 ms: looking a config up builds the search space, whose default tile reads newtc.gpu instead."""
+    script = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import torch, deuteron; "
+              f"x = torch.randn(64, 64, dtype=torch.half); deuteron.load({TILES!r}).matmul.space(x, x).default(); "
+              "print('newtc.ops' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "False"
+
+
 @pytest.mark.gpu
 def test_a_second_process_launches_from_the_store_within_50_ms(cache):
     n = 2048
