@@ -4,12 +4,15 @@ and the GPU (marker gpu, num_warps 1, 4 and 8); every kernel also compiles with 
 
 Each kernel reads an [R, C] block of which only n_rows x n_cols elements are data (masked loads), so a scanned
 row of 1000 sits in a block of 1024; outputs start poisoned (NaN or a sentinel)."""
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
 import newtc
+from newtc import driver
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 INTS = [torch.int32, torch.int64]
@@ -75,6 +78,18 @@ def launch(mod, device, x, out, aux, R, C, warps, axis=0, rev=False):
     mod.k[(1,)](x, out, aux, nr, nc, R=R, C=C, AXIS=axis, REV=rev, num_warps=warps)
 
 
+def launch_all(mod, device, cases):
+    """launch() of each case (x, out, aux, R, C, warps, axis, rev). On the GPU every kernel compiles first, in
+    threads (NVRTC runs outside the GIL): a 1024-element sort in one warp takes 5-7 s of NVRTC, a test dozens."""
+    if device == "cuda":
+        arch = driver.arch(cases[0][0].get_device())
+        with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+            list(pool.map(lambda c: mod.k.binary((*c[:3], *c[0].shape), dict(R=c[3], C=c[4], AXIS=c[6], REV=c[7],
+                                                                                num_warps=c[5]), arch), cases))
+    for case in cases:
+        launch(mod, device, *case)
+
+
 # ---- scans ------------------------------------------------------------------------------------------------
 SCANS = {"cumsum": "cumsum(v, axis=AXIS, reverse=REV)", "cumprod": "cumprod(v, AXIS, REV)",
          "scan_add": "associative_scan(v, AXIS, add, reverse=REV)",
@@ -114,16 +129,15 @@ def test_scans(device, op, dtype):
         pytest.skip("a 16-bit float associative_scan rounds every partial sum: no torch reference")
     other = {"cumprod": "1", "scan_max": "-inf" if dtype.is_floating_point else "-100"}.get(op, "0")
     mod = module(f"store(out + r * n_cols + c, {SCANS[op]}, mask=m)", other)
-    for R, C, nr, nc, warps in SHAPES[device]:
-        for axis in (0, 1):
-            for rev in (False, True):
-                x = scan_input(op, (nr, nc), dtype, device)
-                out = poisoned((nr, nc), scan_dtype(op, dtype), device)
-                launch(mod, device, x, out, x, R, C, warps, axis, rev)
-                ref = scan_reference(op, x, axis, rev)
-                if dtype.is_floating_point:  # torch rounds the exact result once, as the f32 accumulator does
-                    ref = ref.to(dtype)
-                close(out, ref, dtype)
+    cases = [(x, poisoned((nr, nc), scan_dtype(op, dtype), device), x, R, C, warps, axis, rev)
+             for R, C, nr, nc, warps in SHAPES[device] for axis in (0, 1) for rev in (False, True)
+             for x in [scan_input(op, (nr, nc), dtype, device)]]
+    launch_all(mod, device, cases)
+    for x, out, _, R, C, warps, axis, rev in cases:
+        ref = scan_reference(op, x, axis, rev)
+        if dtype.is_floating_point:  # torch rounds the exact result once, as the f32 accumulator does
+            ref = ref.to(dtype)
+        close(out, ref, dtype)
 
 
 @pytest.mark.parametrize("device", devices())
@@ -201,16 +215,19 @@ def full_along(axis, R, C, nr, nc):
 def test_sort_and_flip(device, dtype):
     mod = module("""store(out + r * n_cols + c, sort(v, dim=AXIS, descending=REV), mask=m)
     store(aux + r * n_cols + c, flip(v, AXIS), mask=m)""")
+    cases = []
     for R, C, nr, nc, warps in SHAPES[device]:
         for axis in (0, 1):
             for descending in (False, True):
                 x = fresh(full_along(axis, R, C, nr, nc), dtype, device)
                 if dtype.is_floating_point:  # NaN sorts above every number, as in torch.sort
                     x.view(-1)[torch.randperm(x.numel(), device=device)[:3]] = float("nan")
-                out, flipped = poisoned(x.shape, dtype, device), poisoned(x.shape, dtype, device)
-                launch(mod, device, x, out, flipped, R, C, warps, axis, descending)
-                close(out, torch.sort(x, dim=axis, descending=descending).values, dtype)
-                close(flipped, x.flip(axis), dtype)
+                cases.append((x, poisoned(x.shape, dtype, device), poisoned(x.shape, dtype, device), R, C, warps,
+                              axis, descending))
+    launch_all(mod, device, cases)
+    for x, out, flipped, R, C, warps, axis, descending in cases:
+        close(out, torch.sort(x, dim=axis, descending=descending).values, dtype)
+        close(flipped, x.flip(axis), dtype)
 
 
 @pytest.mark.parametrize("device", devices())
@@ -218,12 +235,10 @@ def test_sort_and_flip(device, dtype):
 def test_topk(device, dtype):
     for K in (1, 4, 16):
         mod = module(f"store(aux + r * {K} + arange(0, {K})[None, :], topk(v, {K}), mask=r < n_rows)")
-        for R, C, nr, nc, warps in SHAPES[device]:
-            if K > C:
-                continue
-            x = fresh((nr, C), dtype, device, -10**4, 10**4)
-            out = poisoned((nr, K), dtype, device)
-            launch(mod, device, x, x, out, R, C, warps)
+        cases = [(x, x, poisoned((nr, K), dtype, device), R, C, warps, 0, False)
+                 for R, C, nr, nc, warps in SHAPES[device] if K <= C for x in [fresh((nr, C), dtype, device, -10**4, 10**4)]]
+        launch_all(mod, device, cases)
+        for x, _, out, *_ in cases:
             close(out, torch.topk(x, K, dim=1).values, dtype)
 
 
