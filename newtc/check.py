@@ -120,9 +120,10 @@ def rebuild(v, parts: list):
 def pairs(name: str, a, b, span: Span) -> list:
     """The runtime parts of two values of one name (two branches, or a loop's start and end), side by side."""
     if isinstance(a, BlockPtr) != isinstance(b, BlockPtr) or \
-            isinstance(a, BlockPtr) and (type(a), a.block_shape, a.order) != (type(b), b.block_shape, b.order):
+            isinstance(a, BlockPtr) and a.rebuild([None] * len(leaves(a))) != b.rebuild([None] * len(leaves(b))):
         raise NkError(f"'{name}' is {describe(a)} on one path and {describe(b)} on another", span,
-                      "a name keeps one kind of value, and a block pointer its block shape and order")
+                      "a name keeps one kind of value, and a block pointer its block shape and order "
+                      "(a descriptor: and padding)")
     return list(zip(leaves(a), leaves(b)))
 
 
@@ -1009,7 +1010,8 @@ def describe(v) -> str:
     if isinstance(v, DType):
         return f"the dtype {v}"
     if isinstance(v, BlockPtr):
-        return f"a {'tensor descriptor' if isinstance(v, TensorDesc) else 'block pointer'} to {v.base.type.dtype.elem}{list(v.block_shape)}"
+        kind = "tensor descriptor" if isinstance(v, TensorDesc) else "block pointer"
+        return f"a {kind} to {v.base.type.dtype.elem}{list(v.block_shape)}"
     if isinstance(v, str):
         return f"the string {v!r}"
     return f"{type(v).__name__} {v!r}"
@@ -1222,9 +1224,7 @@ def block_access(c: Checker, span, ptr, mask, other, boundary_check, padding_opt
             not all(type(d) is int and 0 <= d < rank for d in check):
         raise NkError(f"{what}: boundary_check names distinct dimensions of the block (0 to {rank - 1}), "
                       f"got {describe(boundary_check)}", span, "e.g. boundary_check=(0, 1)")
-    if padding_option not in (None, "", "zero", "nan") or padding_option == "nan" and not elem.is_float:
-        raise NkError(f"{what}: padding_option is 'zero' or 'nan' (for floats), got {describe(padding_option)} "
-                      f"for {elem}", span)
+    check_padding(padding_option, elem, what, span)
     base, mask = ptr.base, None
     for d, n in enumerate(ptr.block_shape):
         idx = c.binary("+", ptr.offsets[d], _arange(c, span, 0, n), span)
@@ -1240,37 +1240,48 @@ def block_access(c: Checker, span, ptr, mask, other, boundary_check, padding_opt
     return base, mask, other
 
 
+def check_padding(option, elem: DType, what: str, span: Span) -> None:
+    if option not in (None, "", "zero", "nan") or option == "nan" and not elem.is_float:
+        raise NkError(f"{what}: padding_option is 'zero' or 'nan' (for floats), got {describe(option)} for {elem}",
+                      span)
+
+
 # ---- tensor descriptors: Triton's make_tensor_descriptor, lowered onto block pointers (TMA later) -----------------
+@dataclass(frozen=True)
 class TensorDesc(BlockPtr):
     """make_tensor_descriptor's value: a row-major block pointer at the origin; each access moves it to its offsets
-    and checks every dimension (out of bounds loads zero and does not store, as in Triton)."""
+    and checks every dimension (out of bounds loads `padding` and does not store, as in Triton)."""
+    padding: str = "zero"
 
 
 @builtin("make_tensor_descriptor")
-def _make_tensor_descriptor(c: Checker, span, base, shape, strides, block_shape):
+def _make_tensor_descriptor(c: Checker, span, base, shape, strides, block_shape, padding_option="zero"):
     rank = len(c.block_shape(block_shape, span))
     p = _make_block_ptr(c, span, base, shape, strides, (0,) * rank, block_shape, tuple(range(rank))[::-1],
                         _name="make_tensor_descriptor")
     if isinstance(p.strides[-1], ir.Value) or p.strides[-1] != 1:  # Triton's rule, and TMA's: rows are contiguous
         raise NkError(f"make_tensor_descriptor(): the last stride must be the constant 1, "
-                      f"got {describe(p.strides[-1])}", span, "write 1 (or declare its parameter constexpr); for other strides use make_block_ptr")
+                      f"got {describe(p.strides[-1])}", span,
+                      "write 1 (or declare its parameter constexpr); for other strides use make_block_ptr")
     if p.block_shape[-1] * p.base.type.dtype.elem.bits < 128:
         raise NkError(f"make_tensor_descriptor(): a block row is at least 16 bytes, got {p.block_shape[-1]} of "
                       f"{p.base.type.dtype.elem}", span, "as in Triton (TMA copies 16-byte units)")
-    return TensorDesc(**vars(p))
+    check_padding(padding_option, p.base.type.dtype.elem, "make_tensor_descriptor()", span)
+    return TensorDesc(**vars(p), padding=padding_option or "zero")
 
 
 def desc_at(span, desc, offsets, what: str) -> BlockPtr:
     """The descriptor's block pointer moved to these offsets."""
     if not isinstance(desc, TensorDesc):
         raise NkError(f"{what} takes a tensor descriptor (from make_tensor_descriptor), got {describe(desc)}", span)
-    return BlockPtr(**{**vars(desc), "offsets": index_tuple(offsets, len(desc.block_shape), f"{what} offsets", span)})
+    offsets = index_tuple(offsets, len(desc.block_shape), f"{what} offsets", span)
+    return BlockPtr(desc.base, desc.shape, desc.strides, offsets, desc.block_shape, desc.order)
 
 
 @builtin("load_tensor_descriptor")
 def _load_tensor_descriptor(c: Checker, span, desc, offsets):
     p = desc_at(span, desc, offsets, "load_tensor_descriptor()")
-    return _load(c, span, p, boundary_check=tuple(range(len(p.block_shape))), padding_option="zero")
+    return _load(c, span, p, boundary_check=tuple(range(len(p.block_shape))), padding_option=desc.padding)
 
 
 @builtin("store_tensor_descriptor")

@@ -54,6 +54,11 @@ kernel copy3d(x, out, B, M, N, sb, sm, BM: constexpr, BN: constexpr):
     d = make_tensor_descriptor(x, [B, M, N], [sb, sm, 1], [2, BM, BN])
     make_tensor_descriptor(out, [B, M, N], [M * N, N, 1], [2, BM, BN]).store(at, d.load(at) + 1)
 
+kernel row_sums(x, out, M, N, sxm, BM: constexpr, BN: constexpr, PAD: constexpr):
+    rows = make_tensor_descriptor(x, [M, N], [sxm, 1], [BM, BN], padding_option=PAD)
+    sums = make_tensor_descriptor(out, [M], [1], [BM])
+    sums.store([program_id(0) * BM], sum(rows.load([program_id(0) * BM, 0]).to(f32), axis=1))
+
 kernel walk(x, y, out, n, steps, BLOCK: constexpr):
     d = make_tensor_descriptor(x, [n], [1], [BLOCK])
     acc = zeros([BLOCK], f32)
@@ -100,6 +105,17 @@ def test_ragged_tiles_load_zero_and_store_only_inside(device, dtype):
     want = torch.full_like(big, -7).float()
     want[:m, :n] = (x.float() * 2).to(dtype).float()
     assert torch.equal(big.float().cpu(), want.cpu())
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("pad", ["zero", "nan"])
+def test_padding_option_fills_what_is_outside(device, pad):
+    m, n = 45, 50  # 64 columns read: 14 padded in every row
+    x = torch.randn(m, n, device=device).half()
+    out = torch.full((m,), 12345.0, device=device)
+    KERNELS.row_sums[(cdiv(m, 16),)](x, out, m, n, x.stride(0), BM=16, BN=64, PAD=pad)
+    want = x.float().sum(1) if pad == "zero" else torch.full((m,), float("nan"), device=device)
+    assert torch.allclose(out, want, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
 @pytest.mark.parametrize("device", devices())
