@@ -66,8 +66,8 @@ UNDEF = Undefined()
 
 @dataclass
 class Method:
-    """`x.to` before it is called."""
-    value: ir.Value
+    """`x.to` (or a tensor descriptor's `desc.load`, `desc.store`) before it is called."""
+    value: object
     name: str
 
 
@@ -120,9 +120,10 @@ def rebuild(v, parts: list):
 def pairs(name: str, a, b, span: Span) -> list:
     """The runtime parts of two values of one name (two branches, or a loop's start and end), side by side."""
     if isinstance(a, BlockPtr) != isinstance(b, BlockPtr) or \
-            isinstance(a, BlockPtr) and (a.block_shape, a.order) != (b.block_shape, b.order):
+            isinstance(a, BlockPtr) and a.rebuild([None] * len(leaves(a))) != b.rebuild([None] * len(leaves(b))):
         raise NkError(f"'{name}' is {describe(a)} on one path and {describe(b)} on another", span,
-                      "a name keeps one kind of value, and a block pointer its block shape and order")
+                      "a name keeps one kind of value, and a block pointer its block shape and order "
+                      "(a descriptor: and padding)")
     return list(zip(leaves(a), leaves(b)))
 
 
@@ -361,6 +362,8 @@ class Checker:
                 return self.call_builtin("trans", [v], {}, e.span)
         elif isinstance(v, (bool, int, float)) and e.attr == "to":
             return Method(self.value(v, e.span), "to")
+        elif isinstance(v, TensorDesc) and e.attr in ("load", "store"):
+            return Method(v, f"{e.attr}_tensor_descriptor")
         elif v == Func("libdevice"):
             if e.attr not in LIBM:
                 close = difflib.get_close_matches(e.attr, list(LIBM), n=3)
@@ -501,6 +504,8 @@ class Checker:
         args = [self.expr(a) for a in e.args]
         kwargs = {k: self.expr(v) for k, v in e.kwargs}
         if isinstance(f, Method):
+            if f.name != "to":  # desc.load(offs) is load_tensor_descriptor(desc, offs)
+                return self.call_builtin(f.name, [f.value, *args], kwargs, e.span)
             return self.method_to(f.value, args, kwargs, e.span)
         if isinstance(f, Func):  # a helper, else a builtin (a helper never takes a builtin's name), else a kernel
             d = self.defs.get(f.name)
@@ -1005,7 +1010,8 @@ def describe(v) -> str:
     if isinstance(v, DType):
         return f"the dtype {v}"
     if isinstance(v, BlockPtr):
-        return f"a block pointer to {v.base.type.dtype.elem}{list(v.block_shape)}"
+        kind = "tensor descriptor" if isinstance(v, TensorDesc) else "block pointer"
+        return f"a {kind} to {v.base.type.dtype.elem}{list(v.block_shape)}"
     if isinstance(v, str):
         return f"the string {v!r}"
     return f"{type(v).__name__} {v!r}"
@@ -1173,10 +1179,10 @@ def index_tuple(v, rank: int, what: str, span: Span) -> tuple:
 
 
 @builtin("make_block_ptr")
-def _make_block_ptr(c: Checker, span, base, shape, strides, offsets, block_shape, order):
-    need_pointer(base, "make_block_ptr()", span)
+def _make_block_ptr(c: Checker, span, base, shape, strides, offsets, block_shape, order, *, _name="make_block_ptr"):
+    need_pointer(base, f"{_name}()", span)
     if base.type.shape:
-        raise NkError(f"make_block_ptr() needs a scalar pointer, got {describe(base)}", span)
+        raise NkError(f"{_name}() needs a scalar pointer, got {describe(base)}", span)
     block = c.block_shape(block_shape, span)
     order = c.constexpr(order, "the order", span)
     if not block or not isinstance(order, (tuple, list)) or not all(type(d) is int for d in order) \
@@ -1184,14 +1190,14 @@ def _make_block_ptr(c: Checker, span, base, shape, strides, offsets, block_shape
         raise NkError(f"make_block_ptr(): order is a permutation of the {len(block)} dimensions of a block, fastest "
                       f"varying first, got {describe(order)} for block_shape {list(block)}", span, "e.g. (1, 0)")
     rank = len(block)
-    return BlockPtr(base, index_tuple(shape, rank, "make_block_ptr() shape", span),
-                    index_tuple(strides, rank, "make_block_ptr() strides", span),
-                    index_tuple(offsets, rank, "make_block_ptr() offsets", span), block, tuple(order))
+    return BlockPtr(base, index_tuple(shape, rank, f"{_name}() shape", span),
+                    index_tuple(strides, rank, f"{_name}() strides", span),
+                    index_tuple(offsets, rank, f"{_name}() offsets", span), block, tuple(order))
 
 
 @builtin("advance")
 def _advance(c: Checker, span, base, offsets):
-    if not isinstance(base, BlockPtr):
+    if not isinstance(base, BlockPtr) or isinstance(base, TensorDesc):
         raise NkError(f"advance() moves a block pointer (from make_block_ptr), got {describe(base)}", span)
     steps = index_tuple(offsets, len(base.block_shape), "advance() offsets", span)
     return replace(base, offsets=tuple(o if type(d) is int and d == 0 else c.binary("+", o, d, span)
@@ -1206,6 +1212,8 @@ def block_access(c: Checker, span, ptr, mask, other, boundary_check, padding_opt
             raise NkError(f"{what}: boundary_check and padding_option take a block pointer (from make_block_ptr)",
                           span, "a block of pointers takes mask= and other=")
         return ptr, mask, other
+    if isinstance(ptr, TensorDesc):
+        raise NkError(f"{what} of a tensor descriptor", span, "write desc.load(offsets) or desc.store(offsets, value)")
     if mask is not None or other is not None:
         raise NkError(f"{what} through a block pointer takes boundary_check= (and padding_option=), not mask= or other=",
                       span)
@@ -1216,9 +1224,7 @@ def block_access(c: Checker, span, ptr, mask, other, boundary_check, padding_opt
             not all(type(d) is int and 0 <= d < rank for d in check):
         raise NkError(f"{what}: boundary_check names distinct dimensions of the block (0 to {rank - 1}), "
                       f"got {describe(boundary_check)}", span, "e.g. boundary_check=(0, 1)")
-    if padding_option not in (None, "", "zero", "nan") or padding_option == "nan" and not elem.is_float:
-        raise NkError(f"{what}: padding_option is 'zero' or 'nan' (for floats), got {describe(padding_option)} "
-                      f"for {elem}", span)
+    check_padding(padding_option, elem, what, span)
     base, mask = ptr.base, None
     for d, n in enumerate(ptr.block_shape):
         idx = c.binary("+", ptr.offsets[d], _arange(c, span, 0, n), span)
@@ -1232,6 +1238,56 @@ def block_access(c: Checker, span, ptr, mask, other, boundary_check, padding_opt
             mask = inside if mask is None else c.binary("&", mask, inside, span)
     other = {"zero": 0, "nan": math.nan}.get(padding_option) if mask is not None else None
     return base, mask, other
+
+
+def check_padding(option, elem: DType, what: str, span: Span) -> None:
+    if option not in (None, "", "zero", "nan") or option == "nan" and not elem.is_float:
+        raise NkError(f"{what}: padding_option is 'zero' or 'nan' (for floats), got {describe(option)} for {elem}",
+                      span)
+
+
+# ---- tensor descriptors: Triton's make_tensor_descriptor, lowered onto block pointers (TMA later) -----------------
+@dataclass(frozen=True)
+class TensorDesc(BlockPtr):
+    """make_tensor_descriptor's value: a row-major block pointer at the origin; each access moves it to its offsets
+    and checks every dimension (out of bounds loads `padding` and does not store, as in Triton)."""
+    padding: str = "zero"
+
+
+@builtin("make_tensor_descriptor")
+def _make_tensor_descriptor(c: Checker, span, base, shape, strides, block_shape, padding_option="zero"):
+    rank = len(c.block_shape(block_shape, span))
+    p = _make_block_ptr(c, span, base, shape, strides, (0,) * rank, block_shape, tuple(range(rank))[::-1],
+                        _name="make_tensor_descriptor")
+    if isinstance(p.strides[-1], ir.Value) or p.strides[-1] != 1:  # Triton's rule, and TMA's: rows are contiguous
+        raise NkError(f"make_tensor_descriptor(): the last stride must be the constant 1, "
+                      f"got {describe(p.strides[-1])}", span,
+                      "write 1 (or declare its parameter constexpr); for other strides use make_block_ptr")
+    if p.block_shape[-1] * p.base.type.dtype.elem.bits < 128:
+        raise NkError(f"make_tensor_descriptor(): a block row is at least 16 bytes, got {p.block_shape[-1]} of "
+                      f"{p.base.type.dtype.elem}", span, "as in Triton (TMA copies 16-byte units)")
+    check_padding(padding_option, p.base.type.dtype.elem, "make_tensor_descriptor()", span)
+    return TensorDesc(**vars(p), padding=padding_option or "zero")
+
+
+def desc_at(span, desc, offsets, what: str) -> BlockPtr:
+    """The descriptor's block pointer moved to these offsets."""
+    if not isinstance(desc, TensorDesc):
+        raise NkError(f"{what} takes a tensor descriptor (from make_tensor_descriptor), got {describe(desc)}", span)
+    offsets = index_tuple(offsets, len(desc.block_shape), f"{what} offsets", span)
+    return BlockPtr(desc.base, desc.shape, desc.strides, offsets, desc.block_shape, desc.order)
+
+
+@builtin("load_tensor_descriptor")
+def _load_tensor_descriptor(c: Checker, span, desc, offsets):
+    p = desc_at(span, desc, offsets, "load_tensor_descriptor()")
+    return _load(c, span, p, boundary_check=tuple(range(len(p.block_shape))), padding_option=desc.padding)
+
+
+@builtin("store_tensor_descriptor")
+def _store_tensor_descriptor(c: Checker, span, desc, offsets, value):
+    p = desc_at(span, desc, offsets, "store_tensor_descriptor()")
+    _store(c, span, p, value, boundary_check=tuple(range(len(p.block_shape))))
 
 
 @builtin(*ATOMICS)

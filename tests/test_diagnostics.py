@@ -853,6 +853,43 @@ def test_nan_padding_needs_floats():
                       "for i32")
 
 
+# ---- tensor descriptors ------------------------------------------------------------------------------------------
+TD = "d = make_tensor_descriptor(x, [n, 64], [64, 1], [16, 32])\n"
+
+
+@pytest.mark.parametrize("body, col, message, hint", [
+    ("d = make_tensor_descriptor(n, [n], [1], [16])\n", 9, r"make_tensor_descriptor\(\) needs a pointer, got a scalar",
+     None),
+    ("d = make_tensor_descriptor(x, [n, n], [n, n], [16, 16])\n", 9,
+     r"the last stride must be the constant 1, got a scalar of type i32", "make_block_ptr"),
+    ("d = make_tensor_descriptor(x, [n, n], [1], [16, 16])\n", 9,
+     r"make_tensor_descriptor\(\) strides takes 2 integers \(one per block dimension\)", None),
+    ("d = make_tensor_descriptor(x, [n], [1], [24])\n", 9, "block dimension 24 is not a power of two", None),
+    ("d = make_tensor_descriptor(x, [n], [1], [n])\n", 9, "each block dimension must be a compile-time", "constexpr"),
+    ("d = make_tensor_descriptor(x, [n, n], [n, 1], [16, 2])\n", 9, r"a block row is at least 16 bytes, got 2 of f32",
+     None),
+    ("d = make_tensor_descriptor(x, [n], [1], [16], padding_option='inf')\n", 9,
+     r"make_tensor_descriptor\(\): padding_option is 'zero' or 'nan' \(for floats\), got the string 'inf'", None),
+    (TD + "if n > 0:\n    d = make_tensor_descriptor(x, [n, 64], [64, 1], [16, 32], padding_option='nan')\n", 5,
+     r"'d' is a tensor descriptor to f32\[16, 32\] on one path and a tensor descriptor", r"\(a descriptor: and padding\)"),
+    (TD + "y = d.load([0])\n", 9, r"load_tensor_descriptor\(\) offsets takes 2 integers \(one per block dim", None),
+    (TD + "y = d.load([0, 1.5])\n", 9, r"offsets takes 2 integers", None),
+    (TD + "d.store([0, 0], zeros([32, 16]))\n", 5, r"shapes \[16, 32\] and \[32, 16\] do not broadcast", None),
+    (TD + "d.store([0, 0])\n", 5, r"store_tensor_descriptor\(\): missing a required argument: 'value'", None),
+    ("y = load_tensor_descriptor(x, [0])\n", 9,
+     r"load_tensor_descriptor\(\) takes a tensor descriptor \(from make_tensor_descriptor\), got a scalar", None),
+    (BP + "store_tensor_descriptor(p, [0, 0], 1.0)\n", 5, r"takes a tensor descriptor .*, got a block pointer", None),
+    (TD + "y = load(d)\n", 9, r"load\(\) of a tensor descriptor", r"desc\.load\(offsets\)"),
+    (TD + "d = advance(d, [0, 1])\n", 9, r"advance\(\) moves a block pointer .*, got a tensor descriptor", None),
+    ("y = load(x).load([0])\n", 9, "a scalar of type f32 has no attribute 'load'", None),
+    (TD + "for i in range(0, n):\n    d = make_block_ptr(x, (n, 64), (64, 1), (0, 0), (16, 32), (1, 0))\n", 5,
+     r"'d' is a tensor descriptor to f32\[16, 32\] on one path and a block pointer to f32\[16, 32\] on another", None),
+])
+def test_tensor_descriptor_misuse(body, col, message, hint):
+    err = typing_error(body, "desc.nk")
+    assert_diagnostic(err, "desc.nk", 3 if body.startswith((TD, BP)) else 2, col, message, hint)
+
+
 # ---- math, random numbers, memory model and debugging builtins (issue 15) --------------------------------
 @pytest.mark.parametrize("body, col, message, hint", [
     ("y = libdevice.j00(load(x))\n", 9, r"'libdevice.j00' is not a CUDA math function", r"did you mean libdevice.j0"),
