@@ -186,21 +186,32 @@ def matmul_specs(m: int, n: int, k: int, arch: str) -> tuple:
 @pytest.mark.parametrize("m, n, k", [(4096, 4096, 4096), (1000, 1001, 100), (16, 4096, 4096)])
 def test_tutorial_has_the_stdlib_matmul_pipeline(arch, m, n, k):
     stdlib, tutorial = matmul_specs(m, n, k, arch)
-    ref = compiler.compile(syntax.parse((ROOT / "stdlib" / "matmul.nk").read_text(), "matmul.nk"), "matmul", stdlib,
-                           until="cuda").cuda.source
-    src = compiler.compile(syntax.parse(TUTORIAL.read_text(), "t.nk"), "matmul_kernel_with_block_pointers", tutorial,
-                           until="cuda").cuda.source
-    want = collections.Counter(TOKENS.findall(ref[ref.index('extern "C"'):]))
-    assert want["nk_cp_async<16>"] and any(t.startswith(("mma.sync", "wgmma.mma_async")) for t in want)
-    assert collections.Counter(TOKENS.findall(src[src.index('extern "C"'):])) == want
+    assert_same_pipeline(((ROOT / "stdlib" / "matmul.nk").read_text(), "matmul", stdlib),
+                         (TUTORIAL.read_text(), "matmul_kernel_with_block_pointers", tutorial))
+
+
+def assert_same_pipeline(want, got):
+    """Two (source, kernel, spec) compile to the same cp.async, mma/wgmma and ldmatrix instructions, and the first
+    has a cp.async pipeline feeding the tensor cores."""
+    def tokens(text, kernel, spec):
+        src = compiler.compile(syntax.parse(text, f"{kernel}.nk"), kernel, spec, until="cuda").cuda.source
+        return collections.Counter(TOKENS.findall(src[src.index('extern "C"'):]))
+    ref = tokens(*want)
+    assert ref["nk_cp_async<16>"] and any(t.startswith(("mma.sync", "wgmma.mma_async")) for t in ref)
+    assert tokens(*got) == ref
+
+
+def tensor_core_sass(text, kernel, spec, arch) -> str:
+    """The kernel's SASS, checked to copy with cp.async (LDGSTS) into the tensor cores of the arch."""
+    sass = nvrtc.disassemble(compiler.compile(syntax.parse(text, f"{kernel}.nk"), kernel, spec).binary.cubin)
+    assert "LDGSTS" in sass and ("HGMMA" if arch == "sm_90a" else "HMMA") in sass
+    return sass
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_tutorial_compiles_to_tensor_cores(arch):
-    tutorial = matmul_specs(4096, 4096, 4096, arch)[1]
-    out = compiler.compile(syntax.parse(TUTORIAL.read_text(), "t.nk"), "matmul_kernel_with_block_pointers", tutorial)
-    sass = nvrtc.disassemble(out.binary.cubin)
-    assert "LDGSTS" in sass and ("HGMMA" if arch == "sm_90a" else "HMMA") in sass
+    sass = tensor_core_sass(TUTORIAL.read_text(), "matmul_kernel_with_block_pointers",
+                            matmul_specs(4096, 4096, 4096, arch)[1], arch)
     assert not re.search(r"\b(LDL|STL)\b", sass)
 
 

@@ -73,9 +73,14 @@ def close(out, ref, dtype):
         assert torch.equal(out, ref.to(out.dtype))
 
 
-def launch(mod, device, x, out, aux, R, C, warps, axis=0, rev=False):
-    nr, nc = x.shape
-    mod.k[(1,)](x, out, aux, nr, nc, R=R, C=C, AXIS=axis, REV=rev, num_warps=warps)
+def call(x, out, aux, R, C, warps, axis=0, rev=False):
+    """The arguments and constexprs of one launch of `k`."""
+    return (x, out, aux, *x.shape), dict(R=R, C=C, AXIS=axis, REV=rev, num_warps=warps)
+
+
+def launch(mod, device, *case):
+    args, meta = call(*case)
+    mod.k[(1,)](*args, **meta)
 
 
 def launch_all(mod, device, cases):
@@ -84,8 +89,7 @@ def launch_all(mod, device, cases):
     if device == "cuda":
         arch = driver.arch(cases[0][0].get_device())
         with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
-            list(pool.map(lambda c: mod.k.binary((*c[:3], *c[0].shape), dict(R=c[3], C=c[4], AXIS=c[6], REV=c[7],
-                                                                                num_warps=c[5]), arch), cases))
+            list(pool.map(lambda case: mod.k.binary(*call(*case), arch), cases))
     for case in cases:
         launch(mod, device, *case)
 

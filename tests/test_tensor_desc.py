@@ -6,14 +6,11 @@ poisoned buffer larger than the descriptor's tensor (nothing outside it is writt
 loops and runtime `if`s. Each runs in the interpreter (cpu) and on the GPU (cuda, marker gpu). The descriptor matmul
 generates the same cp.async ring and tensor-core instructions as the block-pointer tutorial, for sm_80 and sm_90a.
 """
-import collections
-
 import pytest
 import torch
 
 import newtc
-from newtc import compiler, nvrtc, syntax
-from test_block_ptr import TOKENS, TUTORIAL, cdiv, devices, matmul_specs
+from test_block_ptr import TUTORIAL, assert_same_pipeline, cdiv, devices, matmul_specs, tensor_core_sass
 
 MATMUL = """\
 # examples/tutorials/03_matmul_block_pointer.nk with tensor descriptors: one per matrix, made once, moved by each access
@@ -150,17 +147,10 @@ def descriptor_spec(arch: str, m=4096, n=4096, k=4096):
 @pytest.mark.parametrize("m, n, k", [(4096, 4096, 4096), (1000, 1001, 100)])
 def test_descriptor_matmul_has_the_block_pointer_pipeline(arch, m, n, k):
     spec = descriptor_spec(arch, m, n, k)
-    ref = compiler.compile(syntax.parse(TUTORIAL.read_text(), "t.nk"), "matmul_kernel_with_block_pointers", spec,
-                           until="cuda").cuda.source
-    src = compiler.compile(syntax.parse(MATMUL, "d.nk"), "matmul_kernel_with_descriptors", spec,
-                           until="cuda").cuda.source
-    want = collections.Counter(TOKENS.findall(ref[ref.index('extern "C"'):]))
-    assert want["nk_cp_async<16>"] and any(t.startswith(("mma.sync", "wgmma.mma_async")) for t in want)
-    assert collections.Counter(TOKENS.findall(src[src.index('extern "C"'):])) == want
+    assert_same_pipeline((TUTORIAL.read_text(), "matmul_kernel_with_block_pointers", spec),
+                         (MATMUL, "matmul_kernel_with_descriptors", spec))
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_descriptor_matmul_compiles_to_tensor_cores(arch):
-    out = compiler.compile(syntax.parse(MATMUL, "d.nk"), "matmul_kernel_with_descriptors", descriptor_spec(arch))
-    sass = nvrtc.disassemble(out.binary.cubin)
-    assert "LDGSTS" in sass and ("HGMMA" if arch == "sm_90a" else "HMMA") in sass
+    tensor_core_sass(MATMUL, "matmul_kernel_with_descriptors", descriptor_spec(arch), arch)
