@@ -105,9 +105,9 @@ def buffer_bytes(v: "Value") -> int:
 
 
 def root_buffer(v: "Value", defs: dict) -> "Op":
-    """The alloc a buffer value (an alloc's result or a slot of a ring) lives in."""
+    """The alloc a buffer value (an alloc's result, a slot of a ring or a transposed view) lives in."""
     op = defs[id(v)]
-    return root_buffer(op.args[0], defs) if op.kind == "slot" else op
+    return root_buffer(op.args[0], defs) if op.kind in ("slot", "trans") else op
 
 
 @dataclass(frozen=True)

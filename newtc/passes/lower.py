@@ -81,7 +81,10 @@ def lower_shared(k: ir.Kernel) -> ir.Kernel:
             op.args = [subst.get(id(a), a) if a is not None else None for a in op.args]
             for sub in op.regions:
                 region(sub)
-            if op.kind == "convert" and op.result.layout.shared:  # the tensor cores read the buffer itself
+            if op.kind == "trans" and op.result.layout.shared:  # a transposed view of a buffer
+                view = ir.Value(Type(op.result.type.shape, op.args[0].type.dtype), "smem", op.result.layout)
+                subst[id(op.result)], op.results = view, [view]
+            elif op.kind == "convert" and op.result.layout.shared:  # the tensor cores read the buffer itself
                 src = op.args[0]
                 a = alloc(src.type.shape, src.type.dtype, op.result.layout, op.span)
                 out += [a, ir.Op("local_store", [a.result, src], [], {}, op.span)]
