@@ -198,7 +198,7 @@ class Pipeliner:
         loop.args += [self.const(before, 0, i32, span), self.const(before, ahead_by, i32, span)]
         loop.results += [ir.Value(Type((), i32)), ir.Value(Type((), i32))]
         head: list[ir.Op] = [ir.Op("async_wait", [], [], {"pending": ahead_by - 1}, span)]
-        if any(u.kind in ("dot", "trans") for *_, reads in found for u in reads):  # the tensor cores read through the async proxy
+        if any(u.kind in ("dot", "trans") for *_, reads in found for u in reads):  # tensor cores: the async proxy
             head.append(ir.Op("fence_async", [], [], {}, span))
         head.append(ir.Op("barrier", [], [], {}, span))
         issue: list[ir.Op] = []
