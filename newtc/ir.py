@@ -49,6 +49,7 @@ Made by the passes (the checker never emits them; the interpreter runs the IR be
   alloc                          attrs offset (bytes, set by passes.smem)   a shared-memory buffer: its type's
                                                            dtype is a Buffer, its layout a shared layout
   slot        (ring, index)                                one tile of a ring buffer, itself a buffer
+  trans       (buf)              attrs perm                 of a buffer: the same bytes through the permuted layout
   local_store (buf, x)                                     write a block into a buffer
   local_load  (buf)              attrs start (coordinate of the sub-tile read)
   async_copy  (buf, ptr, mask|None)                        cp.async of a pointer block into a buffer
