@@ -49,6 +49,7 @@ Made by the passes (the checker never emits them; the interpreter runs the IR be
   alloc                          attrs offset (bytes, set by passes.smem)   a shared-memory buffer: its type's
                                                            dtype is a Buffer, its layout a shared layout
   slot        (ring, index)                                one tile of a ring buffer, itself a buffer
+  trans       (buf)              attrs perm                 of a buffer: the same bytes through the permuted layout
   local_store (buf, x)                                     write a block into a buffer
   local_load  (buf)              attrs start (coordinate of the sub-tile read)
   async_copy  (buf, ptr, mask|None)                        cp.async of a pointer block into a buffer
@@ -105,9 +106,9 @@ def buffer_bytes(v: "Value") -> int:
 
 
 def root_buffer(v: "Value", defs: dict) -> "Op":
-    """The alloc a buffer value (an alloc's result or a slot of a ring) lives in."""
+    """The alloc a buffer value (an alloc's result, a slot of a ring or a transposed view) lives in."""
     op = defs[id(v)]
-    return root_buffer(op.args[0], defs) if op.kind == "slot" else op
+    return root_buffer(op.args[0], defs) if op.kind in ("slot", "trans") else op
 
 
 @dataclass(frozen=True)

@@ -113,10 +113,12 @@ def blocked(shape: tuple, num_warps: int, vec: int, order: tuple | None = None) 
 
 def remap(layout: Layout, shape: tuple, coord_map) -> Layout:
     """The layout, on a source block of `shape`, that feeds a view: coord_map takes a coordinate of
-    the layout's block to the coordinate of the source element it reads (a linear map on bits)."""
+    the layout's block to the coordinate of the source element it reads (a linear map on bits). A shared
+    layout's offsets map too: a transposed view of a buffer is the same bytes."""
     def f(b):
         return to_flat(shape, coord_map(to_coord(layout.shape, b)))
-    return Layout(tuple(shape), tuple(map(f, layout.reg)), tuple(map(f, layout.lane)), tuple(map(f, layout.warp)))
+    return Layout(tuple(shape), tuple(map(f, layout.reg)), tuple(map(f, layout.lane)), tuple(map(f, layout.warp)),
+                  tuple(map(f, layout.offset)))
 
 
 def axis_mask(shape: tuple, axis: int) -> int:

@@ -674,3 +674,24 @@ def test_replicated_copies_into_shared_memory_are_issued_once():
     src = compiler.compile(module, "matmul", spec, until="cuda").cuda.source
     copies = [line for line in src.splitlines() if "nk_cp_async<" in line and "__device__" not in line]
     assert copies and all(re.match(r"\s*if \(\(nk_(lane|warp) & \d+\) == 0", line) for line in copies), copies[:2]
+
+
+@pytest.mark.parametrize("d,arch", [(64, "sm_90a"), (128, "sm_90a"), (64, "sm_80")], ids=str)
+def test_attention_dkdv_tiles_stored_once(d, arch):
+    """dK/dV reads Q and dO each as a dot's B and, transposed, as another's: each lands once in a ring slot by
+    cp.async and both dots read it there (wgmma through a transposed view of the slot, mma.sync by ldmatrix),
+    with no 2-D tile stored from registers in the loop (the inner loop had 7 stores and 8 barriers)."""
+    from newtc import ir
+    s = attention_launched("attention_bwd_dkdv", f"f16-d{d}", f16, d, False, archs=(arch,))[0]
+    spec_ = compiler.Spec(s.sig, s.consts, s.num_warps, s.num_stages, aligned=s.aligned, ones=s.ones, arch=arch)
+    kernel = compiler.compile(stdlib_module("attention")[0], s.kernel, spec_, until="ir").kernel
+    *_, loop = [op for op in ir.walk(kernel.body) if op.kind == "for"]
+    body = list(ir.walk(loop.regions[0]))
+    kinds = [op.kind for op in body]
+    assert not [op for op in body if op.kind == "local_store" and len(op.args[1].type.shape) == 2]
+    assert [op.args[0].type.shape for op in body if op.kind == "async_copy"].count((s.consts[0][1], d)) == 2
+    assert kinds.count("barrier") <= 2, kinds.count("barrier")
+    if arch == "sm_90a":
+        defs = {id(r): op for op in body for r in op.results}
+        views = [defs[id(op.args[1])] for op in body if op.kind == "dot" and id(op.args[1]) in defs]
+        assert sorted(v.kind for v in views) == ["slot", "slot", "trans", "trans"]

@@ -175,6 +175,8 @@ class Codegen:
             rule(self, op)
         elif op.kind == "print":
             raise NkError("print() runs in the interpreter only", op.span, "run with NEWT_INTERPRET=1")
+        elif isinstance(op.result.type.dtype, ir.Buffer):  # a transposed view of a buffer: nothing to compute
+            pass
         elif op.result.type.shape:
             self.block_op(op)
         else:

@@ -29,6 +29,8 @@ def shared_offsets(reg: Layout, shared: Layout, start: tuple) -> tuple:
 def buffer_base(cg, buf: ir.Value) -> str:
     """The byte offset of a buffer in shared memory: its alloc's, plus the slot's place in a ring."""
     op = cg.defs[id(buf)]
+    if op.kind == "trans":  # the same bytes, read through the permuted layout
+        return buffer_base(cg, op.args[0])
     if op.kind == "slot":
         ring, index = op.args
         return f"{buffer_base(cg, ring)} + {cg.scalar(index)} * {buf.type.numel * buf.type.dtype.elem.itemsize}"

@@ -181,6 +181,14 @@ class Plan:
         """The layout a block is read in: its own, or the default for a free value (or one not traced yet)."""
         return (None if self.free(v) else v.layout) or self.default(v.type)
 
+    def inner(self, x: ir.Value) -> int:
+        """The dim along which x is consecutive where it is held: a transpose's from its operand's, so that one
+        shared tile of the operand serves both the block and its transpose."""
+        d = self.defs.get(id(x))
+        if self.free(x) and d.kind == "trans" and not self.free(d.args[0]):
+            return d.attrs["perm"].index(contiguous_dim(self.of(d.args[0])))
+        return contiguous_dim(self.of(x))
+
     def region(self, r: ir.Region) -> None:
         for op in r.ops:
             self.op(op)
@@ -237,7 +245,7 @@ class Plan:
         (m, _), n = op.args[0].type.shape, op.args[1].type.shape[1]
         mma = mma_shape(op, self.k.spec.arch)
         nw = self.k.spec.num_warps
-        inner = [contiguous_dim(self.of(x)) for x in op.args[:2]]
+        inner = [self.inner(x) for x in op.args[:2]]
         wg = wgmma_layouts(op, self.k.spec, *inner) if mma is not None else None
         if wg is not None:
             a, b, acc, warps = wg
@@ -380,6 +388,11 @@ class Materialize:
                     if a is not None and a.type.shape else a for a in d.args]
             res = ir.Value(v.type, v.name, lay, v.facts)
             return self.place(ir.Op(d.kind, args, [res], dict(d.attrs), d.span), key, len(self.frames) - 1)
+        d = self.plan.defs.get(id(v))
+        if lay.shared and self.plan.free(v) and d.kind == "trans":  # a view of its operand's tile, not another
+            src = self.get(d.args[0], view_source_layout(d, lay), span)
+            return self.place(ir.Op("trans", [src], [ir.Value(v.type, v.name, lay)], dict(d.attrs), d.span), key,
+                              self.home.get(id(src), 0))
         # stored to shared memory from the registers it is computed in, or moved to other registers
         src = self.get(v, self.plan.of(v), span) if lay.shared else v
         if src.layout == lay:

@@ -3,7 +3,7 @@
 A `convert` whose layouts differ only in register order stays (codegen renames registers). Any other
 becomes `alloc` + `local_store` + `local_load` through a buffer whose shared layout suits both sides:
 a 2-D tile is swizzled (ldmatrix and transposed reads hit no bank twice), other shapes are stored in the
-writer's order. Reductions whose warps meet along the axis, and
+writer's order; a block read in several layouts is stored once. Reductions whose warps meet along the axis, and
 scalar atomics (whose old value every thread needs), get a scratch buffer as their last operand.
 passes.smem then places every buffer and puts the barriers where they are needed.
 """
@@ -75,13 +75,17 @@ SCRATCH = {"scan": scan_scratch_bytes, "exchange": exchange_scratch_bytes,
 
 def lower_shared(k: ir.Kernel) -> ir.Kernel:
     subst: dict = {}  # a conversion into shared memory -> the buffer it became
+    stored: dict = {}  # (block, shared layout) -> its buffer: a block read in two layouts is stored once
     def region(r: ir.Region) -> None:
         out: list[ir.Op] = []
         for op in r.ops:
             op.args = [subst.get(id(a), a) if a is not None else None for a in op.args]
             for sub in op.regions:
                 region(sub)
-            if op.kind == "convert" and op.result.layout.shared:  # the tensor cores read the buffer itself
+            if op.kind == "trans" and op.result.layout.shared:  # a transposed view of a buffer
+                view = ir.Value(Type(op.result.type.shape, op.args[0].type.dtype), "smem", op.result.layout)
+                subst[id(op.result)], op.results = view, [view]
+            elif op.kind == "convert" and op.result.layout.shared:  # the tensor cores read the buffer itself
                 src = op.args[0]
                 a = alloc(src.type.shape, src.type.dtype, op.result.layout, op.span)
                 out += [a, ir.Op("local_store", [a.result, src], [], {}, op.span)]
@@ -89,9 +93,12 @@ def lower_shared(k: ir.Kernel) -> ir.Kernel:
                 continue
             if op.kind == "convert" and rename(op.args[0].layout, op.result.layout) is None:
                 src, res = op.args[0], op.result
-                a = alloc(src.type.shape, src.type.dtype, shared_layout(src.layout, src.type.dtype.itemsize), op.span)
-                out += [a, ir.Op("local_store", [a.result, src], [], {}, op.span)]
-                op = ir.Op("local_load", [a.result], [res], {"start": (0,) * len(res.type.shape)}, op.span)
+                lay = shared_layout(src.layout, src.type.dtype.itemsize)
+                if (id(src), lay) not in stored:  # converts sit where their source is: the first dominates the rest
+                    a = alloc(src.type.shape, src.type.dtype, lay, op.span)
+                    out += [a, ir.Op("local_store", [a.result, src], [], {}, op.span)]
+                    stored[id(src), lay] = a.result
+                op = ir.Op("local_load", [stored[id(src), lay]], [res], {"start": (0,) * len(res.type.shape)}, op.span)
             elif op.kind == "reduce" and reduce_scratch_bytes(op):
                 scratch(op, reduce_scratch_bytes(op), out)
             elif op.kind in SCRATCH and SCRATCH[op.kind](op):

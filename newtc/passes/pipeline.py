@@ -126,7 +126,11 @@ class Pipeliner:
                     or not zero(load.args[2], self.defs) or id(buf) not in inside):
                 continue
             reads = [u for u in readers[id(buf)] if u is not op]
-            if not all(u.kind == "local_load" or "wgmma" in u.attrs for u in reads):
+
+            def direct(u: ir.Op) -> bool:  # read by ldmatrix or the tensor cores, or a transposed view so read
+                return u.kind == "local_load" or "wgmma" in u.attrs or \
+                    (u.kind == "trans" and all(map(direct, readers.get(id(u.result), []))))
+            if not all(map(direct, reads)):
                 continue
             if all(self.depends_only_on(a, free, inside) for a in load.args[:2]):
                 found.append((op, load, reads))
@@ -194,7 +198,7 @@ class Pipeliner:
         loop.args += [self.const(before, 0, i32, span), self.const(before, ahead_by, i32, span)]
         loop.results += [ir.Value(Type((), i32)), ir.Value(Type((), i32))]
         head: list[ir.Op] = [ir.Op("async_wait", [], [], {"pending": ahead_by - 1}, span)]
-        if any(u.kind == "dot" for *_, reads in found for u in reads):  # the tensor cores read through the async proxy
+        if any(u.kind in ("dot", "trans") for *_, reads in found for u in reads):  # tensor cores: the async proxy
             head.append(ir.Op("fence_async", [], [], {}, span))
         head.append(ir.Op("barrier", [], [], {}, span))
         issue: list[ir.Op] = []

@@ -97,6 +97,8 @@ def _effects(op: ir.Op) -> list:
         return [("r", op.args[0])]
     if kind == "barrier":
         return [("sync",)]
+    if kind == "trans":  # a view of a buffer: its readers access it
+        return []
     if kind == "dot" and "wgmma" in op.attrs:  # the tensor cores read B, and A unless it is in registers
         return [("ra", x) for x in op.args[:2] if isinstance(x.type.dtype, ir.Buffer)]
     if op.args and op.args[-1] is not None and isinstance(op.args[-1].type.dtype, ir.Buffer):
