@@ -1,0 +1,49 @@
+"""Canonicalization before the analyses: `x + dot(a, b)` becomes `dot(a, b, x)`.
+
+A dot from zeros whose only reader adds it to x accumulates into x instead: the tensor cores add in their own
+accumulator registers, so the sum needs no second tile of f32 registers and no elementwise pass (the backward
+of attention, `dv + dot(p, g)`, spilled for that second tile). The dot moves to the add's place, where x is
+defined; its operands are defined before its old place, so they still dominate it.
+"""
+from __future__ import annotations
+
+from .. import ir
+
+
+def fold_accumulators(k: ir.Kernel) -> ir.Kernel:
+    defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
+    readers: dict = {}
+    for op in ir.walk(k.body):
+        for a in op.args:
+            if a is not None:
+                readers.setdefault(id(a), []).append(op)
+
+    def zero(v: ir.Value) -> bool:
+        op = defs.get(id(v))
+        if op is not None and op.kind in ("splat", "broadcast"):
+            op = defs.get(id(op.args[0]))
+        return op is not None and op.kind == "const" and op.attrs["value"] == 0
+
+    def foldable(d: ir.Value, x: ir.Value, r: ir.Region) -> ir.Op | None:
+        dot = defs.get(id(d))
+        ok = dot is not None and dot.kind == "dot" and dot in r.ops and zero(dot.args[2]) and \
+            len(readers[id(d)]) == 1 and x.type == d.type
+        return dot if ok else None
+
+    def region(r: ir.Region) -> None:
+        for op in r.ops:
+            for sub in op.regions:
+                region(sub)
+        gone = set()
+        for i, op in enumerate(r.ops):
+            if op.kind != "add":
+                continue
+            for d, x in (op.args, op.args[::-1]):
+                if (dot := foldable(d, x, r)) is not None and x is not d:
+                    r.ops[i] = ir.Op("dot", [*dot.args[:2], x], op.results, dict(dot.attrs), dot.span)
+                    gone.add(id(dot))
+                    break
+        r.ops = [op for op in r.ops if id(op) not in gone]
+
+    region(k.body)
+    return k
