@@ -130,23 +130,16 @@ def transpose_sig(dt):
 
 
 BWD = ("sm_80:HMMA", "sm_90a:HGMMA", "LDGSTS", "BAR.SYNC")
-# (spec, arch) that compile and run on the tensor cores but spill, kept out of SPECS (whose test forbids it), at
-# every block size tried: the backward kernels at D 256 on both archs (70 to 430 local loads on sm_90a), dK/dV at
-# D 128 on sm_80 (1 to 8). Each holds two [rows, D] tiles (K and V, or Q and dO) as register operands beside its
-# f32 accumulators. The forward at D 256 on sm_90a: 4 bytes, one value kept in local memory across the K/V loop
-# (stored before it, loaded after). Its S = Q K^T is 16 mma.sync steps read by ldmatrix, and in a loop body with no
-# branch ptxas issues all those reads ahead (255 registers); with P staged through shared memory under a branch (one
-# warpgroup stores it) it did not (164), and the same source with that store unguarded spills alike.
-# On sm_90a the blocks measured fastest on the H200 spill and stay fastest (bench/RESULTS.md, third session): dK/dV
-# with 32 queries streamed past 128 keys (D 64: 110-201 local accesses, 214 TFLOP/s against 172 for the best
-# spill-free config; D 128: 48-113, 205 against 96), and the forward on one warpgroup (D 64: 20-28; D 128: one
-# value across the loop; 1.09x and 1.15x of two warpgroups).
+# (spec, arch) that compile and run on the tensor cores but spill, kept out of SPECS (whose test forbids it): dK/dV
+# at D 256 on both archs and dQ at D 256 on sm_80 (each holds two [rows, D] tiles beside its f32 accumulators), dK/dV
+# at D 128 causal on sm_80 (mma.sync's fragments take more registers). On sm_90a the forward's blocks measured
+# fastest on the H200 spill a few values and stay fastest (bench/RESULTS.md, third session): one warpgroup holding
+# 128 queries (D 64: 20-28 local accesses; D 128: one value across the loop; 1.09x and 1.15x of two warpgroups).
 ATTENTION_SPILLING = [(s, s.archs[0]) for s in [
-    *(s for kernel in ("attention_bwd_dkdv", "attention_bwd_dq")
-      for s in attention_launched(kernel, "f16-d256-causal", f16, 256, True)),
-    *attention_launched("attention_bwd_dkdv", "bf16-d128", bf16, 128, False),
-    *attention_launched("attention_bwd_dkdv", "f16-d64-causal", f16, 64, True, archs=("sm_90a",)),
-    *(s for d in (64, 128, 256) for s in attention_launched("attention_fwd", f"f16-d{d}", f16, d, True, archs=("sm_90a",)))]]
+    *attention_launched("attention_bwd_dkdv", "f16-d256-causal", f16, 256, True),
+    *attention_launched("attention_bwd_dq", "f16-d256-causal", f16, 256, True, archs=("sm_80",)),
+    *attention_launched("attention_bwd_dkdv", "f16-d128-causal", f16, 128, True, archs=("sm_80",)),
+    *(s for d in (64, 128) for s in attention_launched("attention_fwd", f"f16-d{d}", f16, d, True, archs=("sm_90a",)))]]
 VEC = ("LDG.E.128", "STG.E.128")
 RED = ("SHFL.BFLY",)
 SMEM = ("STS", "LDS", "BAR.SYNC")
@@ -229,13 +222,14 @@ SPECS = [
     # P stays in the registers S was computed in: mma.sync's A on sm_80, wgmma's on sm_90a (test_attention_p_...)
     attention("f16-d128", f16, 128, False, 128, 64, 8, 2, *MMA),
     attention("bf16-d64-causal", bf16, 64, True, 128, 64, 8, 3, *MMA),
-    *attention_launched("attention_fwd", "f16-d256", f16, 256, True, *MMA, archs=("sm_80",)),
+    *attention_launched("attention_fwd", "f16-d256", f16, 256, True, *MMA),
     # the backward pass: delta, then dK/dV and dQ at each head dim (every dot on the tensor cores)
     *attention_launched("attention_bwd_pre", "bf16-d128", bf16, 128, False, "LDG.E.128", *RED),
     *(s for kernel in ("attention_bwd_dkdv", "attention_bwd_dq")
-      for dt, d, causal in ((f16, 64, True), (bf16, 128, False)) if (kernel, d) != ("attention_bwd_dkdv", 128)
+      for dt, d, causal in ((f16, 64, True), (bf16, 128, False), (bf16, 256, False))
+      if (kernel, d) != ("attention_bwd_dkdv", 256)
       for s in attention_launched(kernel, f"{dt.name}-d{d}" + ("-causal" if causal else ""), dt, d, causal, *BWD,
-                                  archs=("sm_80",) if kernel == "attention_bwd_dkdv" else ARCHS)),
+                                  archs=("sm_90a",) if d == 256 else ARCHS)),
 ]
 
 
