@@ -689,3 +689,33 @@ def test_attention_dkdv_tiles_stored_once(d, arch):
         defs = {id(r): op for op in body for r in op.results}
         views = [defs[id(op.args[1])] for op in body if op.kind == "dot" and id(op.args[1]) in defs]
         assert sorted(v.kind for v in views) == ["slot", "slot", "trans", "trans"]
+
+
+FOLD = """\
+kernel acc_plus_dot(a, b, c, K, BLOCK: constexpr, TWICE: constexpr):
+    r = arange(0, BLOCK)
+    acc = zeros([BLOCK, BLOCK], f32)
+    for k in range(0, K, BLOCK):
+        x = load(a + r[:, None] * K + k + r[None, :])
+        y = load(b + (k + r[:, None]) * BLOCK + r[None, :])
+        d = dot(x, y)
+        acc = acc + d
+        if TWICE:
+            acc = acc + d * 0.5
+    store(c + r[:, None] * BLOCK + r[None, :], acc)
+"""
+
+
+@pytest.mark.parametrize("twice", [False, True])
+def test_an_added_dot_accumulates_in_place(twice):
+    """`acc + dot(x, y)` is `dot(x, y, acc)` after the passes (the tensor cores add into acc, no second tile of
+    f32 registers); a dot read twice keeps its own accumulator and the add."""
+    from newtc import ir
+    module = syntax.parse(FOLD, "fold.nk")
+    spec_ = compiler.Spec.of({"a": Ptr(f16), "b": Ptr(f16), "c": Ptr(f32), "K": i32}, {"BLOCK": 64, "TWICE": twice})
+    kernel = compiler.compile(module, "acc_plus_dot", dataclasses.replace(spec_, arch="sm_90a"), until="ir").kernel
+    loop = next(op for op in ir.walk(kernel.body) if op.kind == "for")
+    carried = ir.carried(loop)[1][0]
+    dots = [op for op in ir.walk(loop.regions[0]) if op.kind == "dot"]
+    adds = [op for op in ir.walk(loop.regions[0]) if op.kind == "add" and op.result.type.shape == (64, 64)]
+    assert len(dots) == 1 and (dots[0].args[2] is carried) != twice and len(adds) == 2 * twice
