@@ -132,13 +132,14 @@ def transpose_sig(dt):
 BWD = ("sm_80:HMMA", "sm_90a:HGMMA", "LDGSTS", "BAR.SYNC")
 # (spec, arch) that compile and run on the tensor cores but spill, kept out of SPECS (whose test forbids it): dK/dV
 # at D 256 on both archs and dQ at D 256 on sm_80 (each holds two [rows, D] tiles beside its f32 accumulators), dK/dV
-# at D 128 causal on sm_80 (mma.sync's fragments take more registers). On sm_90a the forward's blocks measured
+# at D 128 causal on sm_80 and the forward at D 256 on sm_80 (mma.sync's fragments take more registers). On sm_90a the forward's blocks measured
 # fastest on the H200 spill a few values and stay fastest (bench/RESULTS.md, third session): one warpgroup holding
 # 128 queries (D 64: 20-28 local accesses; D 128: one value across the loop; 1.09x and 1.15x of two warpgroups).
 ATTENTION_SPILLING = [(s, s.archs[0]) for s in [
     *attention_launched("attention_bwd_dkdv", "f16-d256-causal", f16, 256, True),
     *attention_launched("attention_bwd_dq", "f16-d256-causal", f16, 256, True, archs=("sm_80",)),
     *attention_launched("attention_bwd_dkdv", "f16-d128-causal", f16, 128, True, archs=("sm_80",)),
+    *attention_launched("attention_fwd", "f16-d256", f16, 256, True, archs=("sm_80",)),
     *(s for d in (64, 128) for s in attention_launched("attention_fwd", f"f16-d{d}", f16, d, True, archs=("sm_90a",)))]]
 VEC = ("LDG.E.128", "STG.E.128")
 RED = ("SHFL.BFLY",)
@@ -222,7 +223,7 @@ SPECS = [
     # P stays in the registers S was computed in: mma.sync's A on sm_80, wgmma's on sm_90a (test_attention_p_...)
     attention("f16-d128", f16, 128, False, 128, 64, 8, 2, *MMA),
     attention("bf16-d64-causal", bf16, 64, True, 128, 64, 8, 3, *MMA),
-    *attention_launched("attention_fwd", "f16-d256", f16, 256, True, *MMA),
+    *attention_launched("attention_fwd", "f16-d256", f16, 256, True, *MMA, archs=("sm_90a",)),
     # the backward pass: delta, then dK/dV and dQ at each head dim (every dot on the tensor cores)
     *attention_launched("attention_bwd_pre", "bf16-d128", bf16, 128, False, "LDG.E.128", *RED),
     *(s for kernel in ("attention_bwd_dkdv", "attention_bwd_dq")
