@@ -2,11 +2,12 @@
 
     python bench/rows_check.py [--quick] [op:dtype:ROWSxCOLS ...]
 
-With no points, the sweep's weak ones (bench/RESULTS.md): the few-row shapes bound by latency and the many
-long rows. For each point: the model's plan (`newtc.ops.plan`), the other whole-row warps and rows per program
-of its block, looped plans of 4-32 warps and 8 or 16 elements a step, split plans of a few chunk counts (up
-to 1024 rows), then Triton's best and torch. Each is checked against torch in f32 before it is timed
-(bench_sweep.timed: do_bench, L2 flushed). With $OUT set: rows_check.md and rows_check.json.
+With no points, the sweep's weak ones (bench/RESULTS.md) and their neighbours: shapes of at most a program
+per SM (bound by latency), and many long rows (the norms' moment pass). For each point: the model's plan
+(`newtc.ops.plan`), the other whole-row warps and rows per program of its block, looped plans of 4-32 warps
+and 8 or 16 elements a step, split plans of a few chunk counts (up to 1024 rows), then Triton's best and
+torch. Each is checked against torch in f32 before it is timed (bench_sweep.timed: do_bench, L2 flushed).
+With $OUT set: rows_check.md and rows_check.json.
 """
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ import bench_sweep as bs
 import common
 from common import Table, copy_gbps
 
-POINTS = ["layernorm:f32:1x5120", "softmax:f16:128x128", "softmax:f32:1x32768", "softmax:f16:1x128",
-          "layernorm:bf16:128x5120", "layernorm:f16:4096x262144", "rmsnorm:f16:4096x262144",
-          "softmax:f16:4096x262144", "layernorm:f32:4096x50257", "softmax:f32:4096x50257"]
+POINTS = ["layernorm:f32:1x5120", "softmax:f16:128x128", "softmax:f32:1x32768", "softmax:f16:1x128",  # latency
+          "softmax:f32:128x4096", "layernorm:f16:8x8192", "cross_entropy:bf16:1x16384", "rmsnorm:bf16:128x5120",
+          "layernorm:f16:4096x262144", "rmsnorm:f16:4096x262144", "layernorm:bf16:1024x65536",  # many long rows
+          "layernorm:f32:4096x50257", "layernorm:f32:8x262144"]
 SIZE = {"f32": 4, "f16": 2, "bf16": 2}
 
 
