@@ -30,12 +30,12 @@ def alternatives(ops, op: str, m: int, n: int, s: int) -> list:
     model = ops.plan(op, m, n, s, False, ops.gpu(0), True)
     out = [(f"model {model.kind} b{model.block}+{model.tail} r{model.rows} w{model.warps} p{model.parts}", model)]
     if model.kind == "rows":
-        for rows in sorted({1, model.rows, max(1, 4096 // (n * s))}):
+        for rows in sorted({1, model.rows, max(1, ops.PROGRAM_BYTES // (n * s))}):
             for warps in (1, 2, 4, 8, 16, 32):
                 tile = rows * (model.block + model.tail) * s
-                if rows <= ops._pow2(m) and 16 <= tile // (32 * warps) <= ops.THREAD_BYTES and \
-                        (rows, warps) != (model.rows, model.warps):
-                    out.append((f"rows r{rows} w{warps}", ops.Plan("rows", model.block, warps, rows=rows, tail=model.tail)))
+                if rows <= ops._pow2(m) and min(16, tile // 32) <= tile // (32 * warps) <= ops.THREAD_BYTES:
+                    out.append((f"rows r{rows} w{warps}", ops.Plan("rows", model.block, warps, rows=rows,
+                                                                   tail=model.tail)))
     for warps in (4, 8, 16, 32):
         for elems in (8, 16):  # per thread in each block of the loop
             out.append((f"looped w{warps} e{elems}", ops.Plan("looped", elems * 32 * warps, warps)))
