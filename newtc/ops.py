@@ -137,8 +137,13 @@ def _covers(width: int) -> list[tuple[int, int]]:
 def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: Gpu, n_rows: int):
     """Whole-row candidates in order of preference: one block before a block and a tail, then ROWS (up to
     `group`) nearest to programs of PROGRAM_BYTES, then fewest warps (the most of the row per thread, up to
-    THREAD_BYTES). Masked lanes cost registers, so occupancy, but no bytes."""
-    preferred = max(1, PROGRAM_BYTES // (n_cols * itemsize))
+    THREAD_BYTES). Masked lanes cost registers, so occupancy, but no bytes.
+    A launch of at most one program per SM is bound by its programs' latency, not by bytes in flight (the
+    time is the same for every candidate): there each program should do the least. Rows are grouped only
+    as far as every SM still gets a program (128 rows of 128: a row per program on 128 SMs, not 16 on 8),
+    and the most warps come first (each thread walks one or two vectors through the loads, reductions and
+    stores, not eight)."""
+    preferred = max(1, min(PROGRAM_BYTES // (n_cols * itemsize), n_rows // g.sms))
     for block, tail in _covers(n_cols + lead):
         width = block + tail
         if width > MAX_ROW[op]:
@@ -146,7 +151,8 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
         options = [1 << k for k in range(_pow2(group).bit_length()) if (1 << k) * width <= max(width, 16384)]
         for rows in sorted(options, key=lambda r: (abs(math.log2(r / preferred)), r)):
             tile = rows * width * itemsize
-            for warps in (1, 2, 4, 8, 16, 32):
+            lone = _cdiv(n_rows, rows) <= g.sms
+            for warps in (32, 16, 8, 4, 2, 1) if lone else (1, 2, 4, 8, 16, 32):
                 per_thread = tile // (32 * warps)
                 too_few = warps < MIN_WARPS and tile >= MIN_WARPS * 512
                 if per_thread > THREAD_BYTES or per_thread < min(16, tile // 32) or too_few or \

@@ -237,6 +237,10 @@ def test_plan_shapes_the_launch_to_the_input():
     # 5120 halves: a block of 4096 and a tail of 1024, not 8192 lanes of which 3072 are masked
     wide = ops.plan("norm", 4096, 5120, 2, False, g)
     assert (wide.kind, wide.block, wide.tail) == ("rows", 4096, 1024)
+    # a launch of at most a program per SM: rows spread over the SMs, and each program takes the most warps
+    spread = ops.plan("softmax", 128, 128, 2, False, g)
+    assert (spread.rows, ops.plan("softmax", 4096, 128, 2, False, g).rows) == (1, 16)
+    assert ops.plan("norm", 1, 5120, 4, False, g).warps == 32 and ops.plan("norm", 4096, 5120, 4, False, g).warps < 32
     # fewer SMs: a smaller GPU needs fewer chunks to fill
     small = ops.plan("cross_entropy", 8, 128256, 2, False, Gpu(sms=16))
     assert small.parts < ops.plan("cross_entropy", 8, 128256, 2, False, g).parts
@@ -271,3 +275,41 @@ def test_repeated_calls_take_the_bound_path():
     for x in (torch.randn(2, 262144, device="cuda"), torch.randn(8, 50257, device="cuda", dtype=torch.bfloat16)):
         for _ in range(2):  # split plans: two kernels and a workspace, bound
             check_row_ops(x, x.dtype)
+
+
+# ---- layer norm's moments on hard rows -------------------------------------------------------------
+def hard_rows(n: int, head: int, dtype, device):
+    """Rows whose mean is far from 0 next to their spread (where a plain sum of squares cancels), and rows
+    whose first `head` columns (a loop's first block) sit 1000 away from the rest: (name, rows)."""
+    z = torch.randn(4, n, device=device, dtype=torch.float64)
+    rows = [("1000 + randn", z + 1000), ("-300 + 0.5 randn", 0.5 * z - 300)]
+    if dtype == torch.float32:
+        rows.append(("1e4 + 0.01 randn", 0.01 * z + 1e4))
+    for sign in (1, -1):
+        shifted = z.clone()
+        shifted[:, :head] += sign * 1000
+        rows.append((f"first block {sign * 1000:+}", shifted))
+    return [(name, x.to(dtype)) for name, x in rows]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layernorm_moments_on_hard_rows(device, dtype, monkeypatch):
+    """Every plan's layer norm against torch's in f64. With unit weight and no bias, an output row less its own
+    mean depends on the variance alone; its mean is minus the error of the row's mean over the deviation, which
+    f32 holds to a few 2^-24 of the mean's size. A mean (or a chunk's, for split plans) that far off inflates the
+    variance of deviations taken from it by its square; the looped plan's shifted sums take deviations from a
+    pivot in the input's dtype, exactly, and stay within the dtype's tolerance on every row."""
+    n = 3001
+    head = 64 * 16 // torch.empty(0, dtype=dtype).element_size()  # forced_plans' loop block
+    for name, x in hard_rows(n, head, dtype, device):
+        ref = F.layer_norm(x.double(), (n,))
+        off = (2**-24 * x.double().mean(-1).abs() / x.double().std(-1)).max().item()  # a mean's rounding, in deviations
+        w = torch.ones(n, device=device, dtype=dtype)
+        for p in forced_plans(n, x.element_size(), False, True):
+            monkeypatch.setattr(ops, "plan", lambda *args, p=p: p)
+            out = ops.layernorm(x, w, None).double()
+            shift = out.mean(-1, keepdim=True)
+            err = ((out - shift) - (ref - ref.mean(-1, keepdim=True))).norm() / ref.norm()
+            assert err < TOL[dtype] + (0 if p.kind == "looped" else 2 * (2 * off) ** 2), (name, p, err)
+            assert shift.abs().max() <= 4 * off + TOL[dtype], (name, p, shift.squeeze(-1))

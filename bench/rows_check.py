@@ -1,0 +1,106 @@
+"""Row ops on chosen shapes: the launch model's plan against forced alternatives, Triton and torch, as % of copy.
+
+    python bench/rows_check.py [--quick] [op:dtype:ROWSxCOLS ...]
+
+With no points, the sweep's weak ones (bench/RESULTS.md) and their neighbours: shapes of at most a program
+per SM (bound by latency), and many long rows (the norms' moment pass). For each point: the model's plan
+(`newtc.ops.plan`), the other whole-row warps and rows per program of its block, looped plans of 4-32 warps
+and 8 or 16 elements a step, split plans of a few chunk counts (up to 1024 rows), then Triton's best and
+torch. Each is checked against torch in f32 before it is timed (bench_sweep.timed: do_bench, L2 flushed).
+With $OUT set: rows_check.md and rows_check.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import bench_sweep as bs
+import common
+from common import Table, copy_gbps
+
+POINTS = ["layernorm:f32:1x5120", "softmax:f16:128x128", "softmax:f32:1x32768", "softmax:f16:1x128",  # latency
+          "softmax:f32:128x4096", "layernorm:f16:8x8192", "cross_entropy:bf16:1x16384", "rmsnorm:bf16:128x5120",
+          "layernorm:f16:4096x262144", "rmsnorm:f16:4096x262144", "layernorm:bf16:1024x65536",  # many long rows
+          "layernorm:f32:4096x50257", "layernorm:f32:8x262144"]
+SIZE = {"f32": 4, "f16": 2, "bf16": 2}
+
+
+def alternatives(ops, op: str, m: int, n: int, s: int) -> list:
+    """(name, plan): the model's plan first, then forced ones (those the kernels cannot take fail when run)."""
+    model = ops.plan(op, m, n, s, False, ops.gpu(0), True)
+    out = [(f"model {model.kind} b{model.block}+{model.tail} r{model.rows} w{model.warps} p{model.parts}", model)]
+    if model.kind == "rows":
+        for rows in sorted({1, model.rows, max(1, ops.PROGRAM_BYTES // (n * s))}):
+            for warps in (1, 2, 4, 8, 16, 32):
+                tile = rows * (model.block + model.tail) * s
+                if rows <= ops._pow2(m) and min(16, tile // 32) <= tile // (32 * warps) <= ops.THREAD_BYTES:
+                    out.append((f"rows r{rows} w{warps}", ops.Plan("rows", model.block, warps, rows=rows,
+                                                                   tail=model.tail)))
+    for warps in (4, 8, 16, 32):
+        for elems in (8, 16):  # per thread in each block of the loop
+            out.append((f"looped w{warps} e{elems}", ops.Plan("looped", elems * 32 * warps, warps)))
+    for warps in (8, 16) if m <= 1024 else ():
+        block = ops.LOOP_ELEMS * 32 * warps
+        for parts in (2, 8, 32):
+            chunk = ops._cdiv(ops._cdiv(n, parts), block) * block
+            if ops._cdiv(n, chunk) >= 2:
+                out.append((f"split w{warps} p{ops._cdiv(n, chunk)}",
+                            ops.Plan("split", block, warps, parts=ops._cdiv(n, chunk), chunk=chunk)))
+    return list(dict(out).items())  # one of each name
+
+
+def run(points: list[str], quick: bool) -> list[Table]:
+    import torch
+    from newtc import ops
+    copy = copy_gbps(quick)
+    cases, tk = bs.cases(torch)
+    dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    tables, log = [], []
+    real = ops.plan
+    for point in points:
+        op, dt, shape = point.split(":")
+        m, n = map(int, shape.split("x"))
+        case = cases[op]
+        torch.manual_seed(m * 7919 + n)
+        args = case.make(m, n, dtype[dt])
+        ref = case.reference(*args)
+        moved = case.nbytes(m, n, SIZE[dt])
+        results = {}
+        try:
+            for name, p in alternatives(ops, "norm" if op.endswith("norm") else op, m, n, SIZE[dt]):
+                ops.plan = lambda *a, _p=p, **k: _p
+                ops._fast.clear()
+                results[name] = bs.timed(case.newt, args, ref, bs.TOL[dt], quick)
+        finally:
+            ops.plan = real
+            ops._fast.clear()
+        for name, fns in case.impls(n, tk).items():
+            if name != "newt":
+                results[name] = fns if isinstance(fns, str) else bs.best([bs.timed(f, args, ref, bs.TOL[dt], quick)
+                                                                        for f in fns])
+        del args, ref
+        torch.cuda.empty_cache()
+        rows = [{"launch": k, "us": t * 1e3 if isinstance(t, float) else t,
+                 "% copy": 100 * moved / t / 1e6 / copy if isinstance(t, float) else t} for k, t in results.items()]
+        tables.append(Table(f"{point} (copy {copy:.0f} GB/s)", rows))
+        log.append({"point": point, "results": rows})
+        print(tables[-1].markdown() + "\n", flush=True)
+    common.write("rows_check.md", "\n\n".join(t.markdown() for t in tables) + "\n")
+    common.write("rows_check.json", json.dumps(log, indent=1, default=str))
+    return tables
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer timed runs")
+    p.add_argument("points", nargs="*", default=POINTS, help="op:dtype:ROWSxCOLS (op: softmax, layernorm, "
+                   "rmsnorm, cross_entropy; dtype: f32, f16, bf16)")
+    args = p.parse_args()
+    if not common.cuda_available():
+        print("no CUDA GPU: nothing to benchmark")
+        return
+    run(args.points, args.quick)
+
+
+if __name__ == "__main__":
+    main()
