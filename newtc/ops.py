@@ -738,6 +738,8 @@ def _strides(*ts: Tensor) -> tuple:
 def _attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
     (b, h, lq, d), (hk, lk) = q.shape, k.shape[1:3]
     o, lse = _like(q)[0], q.new_empty((b, h, lq), dtype=torch.float32)
+    if scale <= 0:  # the kernel scales the row max of raw scores, so it takes a positive scale: -Q flips the sign
+        q, scale = (-q if scale < 0 else q), max(-scale, 2.0 ** -126)
     cfg = _attention_blocks(d, lq, lk, "fwd", _arch(q))
     _stdlib("attention").attention_fwd[(_cdiv(lq, cfg["BM"]), b * h)](
         q, k, v, o, lse, lq, lk, h, hk, scale, *_strides(q, k, v, o), CAUSAL=causal, **cfg)

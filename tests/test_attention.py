@@ -140,6 +140,24 @@ def test_ops_attention_trains(device):
 
 
 @pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("scale", [-2.0, 0.0])
+def test_ops_attention_takes_any_scale(device, scale):
+    """The forward kernel scales the row max of raw scores: ops hands it -Q for a negative scale, and the
+    smallest normal f32 for 0 (every key of a row then weighs the same); forward and gradients match SDPA."""
+    q, k, v = (torch.randn(1, 2, 33, 64, device=device).half().requires_grad_() for _ in range(3))
+    w = torch.randn(1, 2, 33, 64, device=device)
+    o = ops.attention(q, k, v, causal=True, scale=scale)
+    (o.float() * w).sum().backward()
+    want_o, want = sdpa_grads(q, k, v, w, True, scale=scale)
+    assert ((o.float() - want_o).norm() / want_o.norm()).item() < GRAD_TOL[torch.float16]
+    if scale:
+        grads_close((q.grad, k.grad, v.grad), want, torch.float16, scale)
+    else:  # the scores do not depend on Q and K: their gradients are 0 (SDPA's too), dV is the mean's
+        assert q.grad.abs().max() == k.grad.abs().max() == 0 and want[0].abs().max() == want[1].abs().max() == 0
+        grads_close((v.grad,), want[2:], torch.float16, scale)
+
+
+@pytest.mark.parametrize("device", devices())
 def test_ops_attention_compiles(device):
     """torch.compile traces ops.attention and its backward as the custom ops newt::attention(_backward), without
     a graph break (fullgraph); inductor on the GPU, the AOT-autograd trace alone on the CPU (no C++ compiler)."""
