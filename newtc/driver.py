@@ -196,9 +196,11 @@ def encode_tiled(itemsize: int, base: int, dims: list, strides: list, box: list,
     """cuTensorMapEncodeTiled: the 128-byte CUtensorMap of a tensor at `base` with `dims` (innermost first) and the
     byte `strides` of its outer dimensions, copied in boxes of `box` elements with this swizzle (bytes)."""
     rank = len(dims)
-    out = ctypes.create_string_buffer(128)
+    buf = ctypes.create_string_buffer(256)
+    at = -ctypes.addressof(buf) % 128  # the map must be 64-byte aligned (cuda.h declares it 128-byte aligned)
     u64s, u32s = ctypes.c_uint64 * rank, ctypes.c_uint32 * rank
-    rc = _cuda().cuTensorMapEncodeTiled(out, _TMA_TYPES[itemsize], rank, base, u64s(*dims), u64s(*strides, 0),
-                                        u32s(*box), u32s(*[1] * rank), 0, _TMA_SWIZZLE[swizzle], _TMA_L2_256B, 0)
+    rc = _cuda().cuTensorMapEncodeTiled(ctypes.addressof(buf) + at, _TMA_TYPES[itemsize], rank, base, u64s(*dims),
+                                        u64s(*strides, 0), u32s(*box), u32s(*[1] * rank), 0, _TMA_SWIZZLE[swizzle],
+                                        _TMA_L2_256B, 0)
     _check(rc, "cuTensorMapEncodeTiled")
-    return out.raw
+    return buf.raw[at:at + 128]

@@ -7,14 +7,16 @@ loops and runtime `if`s. Each runs in the interpreter (cpu) and on the GPU (cuda
 generates the same cp.async ring and tensor-core instructions as the block-pointer tutorial, for sm_80 and sm_90a.
 """
 import collections
+import ctypes
 import dataclasses
 import re
+import struct
 
 import pytest
 import torch
 
 import newtc
-from newtc import compiler, layout, nvrtc, syntax
+from newtc import compiler, jit, layout, nvrtc, syntax
 from test_block_ptr import TUTORIAL, assert_same_pipeline, cdiv, devices, matmul_specs, tensor_core_sass
 
 MATMUL = """\
@@ -269,3 +271,41 @@ def test_tma_matmul_zero_fills_ragged_edges(device, dtype, skew):
         ref = a.double() @ b.double()
         err = ((c.double() - ref).norm() / ref.norm()).item()
         assert torch.isfinite(c).all() and err < 1e-2, (m, n, k, dtype, skew, err)
+
+
+def test_the_launcher_encodes_each_tensor_map_from_the_arguments(monkeypatch):
+    """No GPU: the driver replaced. Each launch's maps are encoded from its argument values (dims innermost first,
+    strides in bytes, into a 64-byte aligned CUtensorMap), once per distinct arguments, and their 128 bytes travel
+    after the arguments' 8-byte slots."""
+    encoded, launches = [], []
+
+    class Driver:
+        def cuTensorMapEncodeTiled(self, out, dtype, rank, base, dims, strides, box, steps, interleave, swizzle, l2,
+                                   fill):
+            encoded.append((out % 64, dtype, rank, base, list(dims), list(strides)[:rank - 1], list(box), list(steps),
+                            interleave, swizzle, fill))
+            ctypes.memmove(out, bytes([len(encoded)]) * 128, 128)
+            return 0
+
+    def launch(buf, func, params, extra):
+        launches.append([ctypes.string_at(params[i], 8) for i in range(12)] +
+                        [ctypes.string_at(params[i], 128) for i in (12, 13)])
+        return 0
+    monkeypatch.setattr(jit.driver, "_cuda", Driver)
+    monkeypatch.setattr(jit.driver, "load_module", lambda cubin: 1)
+    monkeypatch.setattr(jit.driver, "get_function", lambda module, name: 1)
+    monkeypatch.setattr(jit.driver, "fast_launch_function", lambda: launch)
+    out = compiled(MATMUL, descriptor_spec("sm_90a"), "ir")
+    binary = jit.Binary("nk", b"", 256, 0, [p.type.dtype for p in out.kernel.params], out.kernel.tmaps)
+    assert jit.Binary.unpack(binary.pack()) == binary
+    run = jit.Launcher(binary, 0).function()
+    a, b, c, m, n, k = 0x10000, 0x20000, 0x30000, 1000, 1008, 4096
+    for rows in (m, m, m + 24):
+        run(0, [a, b, c, rows, n, k, k + 16, 1, n, 1, n, 1], 9)
+    assert encoded == [(0, 1, 2, a, [k, m], [2 * (k + 16)], [64, 128], [1, 1], 0, 3, 0),
+                       (0, 1, 2, b, [n, k], [2 * n], [64, 64], [1, 1], 0, 3, 0),
+                       (0, 1, 2, a, [k, m + 24], [2 * (k + 16)], [64, 128], [1, 1], 0, 3, 0),
+                       (0, 1, 2, b, [n, k], [2 * n], [64, 64], [1, 1], 0, 3, 0)]
+    assert [struct.unpack("<Q", x[0])[0] for x in launches] == [a] * 3
+    assert [struct.unpack("<i", x[3][:4])[0] for x in launches] == [m, m, m + 24]
+    assert [(x[12][0], x[13][0]) for x in launches] == [(1, 2), (1, 2), (3, 4)]
