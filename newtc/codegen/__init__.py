@@ -362,7 +362,7 @@ RULES = {"for": Codegen.loop, "while": Codegen.loop, "if": Codegen.branch, "stor
          "async_commit": shared.async_commit, "async_wait": shared.async_wait,
          "barrier": lambda cg, op: cg.emit("__syncthreads();"), "assert": device_assert, "asm": inline_asm,
          "fence_async": lambda cg, op: cg.emit('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");'),
-         "mbar_init": shared.mbar_init, "mbar_expect": shared.mbar_expect, "tma_load": shared.tma_load,
+         "mbar_init": shared.mbar_init, "mbar_inval": shared.mbar_inval, "mbar_expect": shared.mbar_expect, "tma_load": shared.tma_load,
          "mbar_wait": shared.mbar_wait}
 
 from . import scan  # noqa: E402 - scans and data movement keep their emitters in their own table

@@ -204,14 +204,25 @@ def mbarrier(cg, bars: ir.Value, slot: ir.Value) -> str:
     return f"(nk_sbase + {buffer_base(cg, bars)} + {cg.scalar(slot)} * 8)"
 
 
+def per_slot(cg, bars: ir.Value, ptx: str) -> str:
+    """The PTX (with [%0] the barrier) once for each slot's barrier."""
+    base = f"nk_sbase + {buffer_base(cg, bars)}"
+    return " ".join(f'asm volatile("{ptx}" :: "r"({base} + {8 * s}));' for s in range(bars.type.numel))
+
+
 def mbar_init(cg, op: ir.Op) -> None:
     """Thread 0 sets each slot's barrier to expect one arrival; the fence shows them to the TMA unit, the CTA
     barrier to every thread."""
-    base = f"nk_sbase + {buffer_base(cg, op.args[0])}"
-    inits = [f'asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"({base} + {8 * s}));'
-             for s in range(op.args[0].type.numel)]
-    cg.emit(f'if (nk_tid == 0) {{ {" ".join(inits)} asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }}')
+    init = per_slot(cg, op.args[0], "mbarrier.init.shared::cta.b64 [%0], 1;")
+    cg.emit(f'if (nk_tid == 0) {{ {init} asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }}')
     cg.emit("__syncthreads();")
+
+
+def mbar_inval(cg, op: ir.Op) -> None:
+    """After the loop, once every thread has passed its last wait: the barriers are invalidated, so that their bytes
+    may hold other data, or barriers made again (a loop inside another)."""
+    cg.emit("__syncthreads();")
+    cg.emit(f'if (nk_tid == 0) {{ {per_slot(cg, op.args[0], "mbarrier.inval.shared::cta.b64 [%0];")} }}')
 
 
 def mbar_expect(cg, op: ir.Op) -> None:

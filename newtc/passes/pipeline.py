@@ -289,6 +289,8 @@ class Pipeliner:
             at = parent.ops.index(loop)
             for op in parent.ops[at + 1:]:
                 replace_uses(op, result, landed)
+        if bars is not None:  # once every thread is done waiting: the bytes may be reused, or the loop run again
+            after.append(ir.Op("mbar_inval", [bars], [], {}, span))
         at = parent.ops.index(loop)
         parent.ops[at:at + 1] = before + [loop] + after
 

@@ -101,6 +101,8 @@ def _effects(op: ir.Op) -> list:
         return [("r", op.args[0])]
     if kind == "mbar_init":  # then a barrier inside the op
         return [("w", op.args[0]), ("sync",)]
+    if kind == "mbar_inval":  # after a barrier inside the op
+        return [("sync",), ("w", op.args[0])]
     if kind == "barrier":
         return [("sync",)]
     if kind == "trans":  # a view of a buffer: its readers access it
