@@ -1,5 +1,6 @@
-"""Matmul: newt (newtc.ops.matmul, stdlib/matmul.nk) vs Triton (its tutorial kernel, autotuned over the
-tutorial's configurations) vs cuBLAS (torch.matmul), f16 and bf16, TFLOP/s.
+"""Matmul: newt (newtc.ops.matmul, stdlib/matmul.nk; and its descriptor kernel matmul_tma, TMA copies on sm_90a) vs
+Triton (its tutorial kernel, autotuned over the tutorial's configurations) vs cuBLAS (torch.matmul), f16 and bf16,
+TFLOP/s.
 
     python bench/bench_matmul.py [--quick] [--sweep]
 
@@ -70,6 +71,18 @@ def triton_matmul():
     return matmul
 
 
+def tma_matmul(a, b):
+    """stdlib/matmul.nk's matmul_tma with ops.matmul's tiles (row-major operands)."""
+    import torch
+    from newtc import ops
+    (m, k), n = a.shape, b.shape[1]
+    c = torch.empty((m, n), device=a.device, dtype=a.dtype)
+    cfg = ops._matmul_config(m, n, k, a.element_size(), ops._arch(a))
+    ops._stdlib("matmul").matmul_tma[(-(-m // cfg["BM"]) * -(-n // cfg["BN"]),)](
+        a, b, c, m, n, k, a.stride(0), b.stride(0), c.stride(0), GROUP_M=8, **cfg)
+    return c
+
+
 def tflops(m, n, k, ms) -> float | str:
     return 2 * m * n * k / ms / 1e9 if isinstance(ms, float) else ms
 
@@ -97,12 +110,15 @@ def run(quick: bool, sweep: bool = False):
             b = torch.randn(k, n, device="cuda", dtype=dtype)
             ref = (a.float() @ b.float())
             t_newt = timed(lambda: ops.matmul(a, b), ref, quick)
+            t_tma = timed(lambda: tma_matmul(a, b), ref, quick)
             t_tri = timed(lambda: tmm(a, b), ref, quick) if tmm else "n/a"
             t_cub = timed(lambda: a @ b, ref, quick)
             rows.append({"kernel": f"matmul {str(dtype)[6:]}", "shape": f"{m}x{n}x{k}",
-                         "newt TFLOP/s": tflops(m, n, k, t_newt), "Triton TFLOP/s": tflops(m, n, k, t_tri),
+                         "newt TFLOP/s": tflops(m, n, k, t_newt), "newt TMA TFLOP/s": tflops(m, n, k, t_tma),
+                         "Triton TFLOP/s": tflops(m, n, k, t_tri),
                          "cuBLAS TFLOP/s": tflops(m, n, k, t_cub), "newt/Triton": ratio(t_tri, t_newt),
-                         "newt/cuBLAS": ratio(t_cub, t_newt)})
+                         "newt/cuBLAS": ratio(t_cub, t_newt), "TMA/newt": ratio(t_newt, t_tma),
+                         "TMA/Triton": ratio(t_tri, t_tma)})
             print(rows[-1], flush=True)
     yield Table("matmul (TFLOP/s; ratios are speed: above 1, newt is faster)", rows)
     if sweep:

@@ -1281,7 +1281,10 @@ def desc_at(span, desc, offsets, what: str) -> BlockPtr:
 @builtin("load_tensor_descriptor")
 def _load_tensor_descriptor(c: Checker, span, desc, offsets):
     p = desc_at(span, desc, offsets, "load_tensor_descriptor()")
-    return _load(c, span, p, boundary_check=tuple(range(len(p.block_shape))), padding_option=desc.padding)
+    v = _load(c, span, p, boundary_check=tuple(range(len(p.block_shape))), padding_option=desc.padding)
+    if desc.padding == "zero":  # what TMA fills with: passes.pipeline may make the load a TMA copy (the IR keeps it)
+        c.region.ops[-1].attrs["desc"] = (desc.base, desc.shape, desc.strides, p.offsets)
+    return v
 
 
 @builtin("store_tensor_descriptor")

@@ -31,6 +31,8 @@ _SIGNATURES = {
     "cuModuleGetFunction": (POINTER(c_void_p), c_void_p, c_char_p),
     "cuFuncSetAttribute": (c_void_p, c_int, c_int),
     "cuLaunchKernel": (c_void_p, *[c_uint] * 7, c_void_p, c_void_p, c_void_p),  # grid, block, smem, stream
+    "cuTensorMapEncodeTiled": (c_void_p, c_int, c_uint, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
+                               c_int, c_int, c_int, c_int),
 }
 _lib: ctypes.CDLL | None = None
 _lock = threading.Lock()
@@ -182,3 +184,23 @@ def launch(func: int, grid: tuple[int, int, int], block: tuple[int, int, int], s
     rc = _launch_kernel(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, params, None)
     if rc:
         raise CudaError("cuLaunchKernel", rc)
+
+
+# CUtensorMapDataType by element size: TMA moves bits, and out of bounds fills zero bits (oobFill NONE) in any type
+_TMA_TYPES = {1: 0, 2: 1, 4: 2, 8: 4}  # UINT8, UINT16, UINT32, UINT64
+_TMA_SWIZZLE = {32: 1, 64: 2, 128: 3}  # CU_TENSOR_MAP_SWIZZLE_32B/64B/128B
+_TMA_L2_256B = 3
+
+
+def encode_tiled(itemsize: int, base: int, dims: list, strides: list, box: list, swizzle: int) -> bytes:
+    """cuTensorMapEncodeTiled: the 128-byte CUtensorMap of a tensor at `base` with `dims` (innermost first) and the
+    byte `strides` of its outer dimensions, copied in boxes of `box` elements with this swizzle (bytes)."""
+    rank = len(dims)
+    buf = ctypes.create_string_buffer(256)
+    at = -ctypes.addressof(buf) % 128  # the map must be 64-byte aligned (cuda.h declares it 128-byte aligned)
+    u64s, u32s = ctypes.c_uint64 * rank, ctypes.c_uint32 * rank
+    rc = _cuda().cuTensorMapEncodeTiled(ctypes.addressof(buf) + at, _TMA_TYPES[itemsize], rank, base, u64s(*dims),
+                                        u64s(*strides, 0), u32s(*box), u32s(*[1] * rank), 0, _TMA_SWIZZLE[swizzle],
+                                        _TMA_L2_256B, 0)
+    _check(rc, "cuTensorMapEncodeTiled")
+    return buf.raw[at:at + 128]

@@ -170,6 +170,7 @@ class Kernel:
     spec: Any  # the compiler.Spec it was typed for
     span: Span | None = None
     smem_bytes: int = 0  # set by passes.smem
+    tmaps: list = field(default_factory=list)  # set by passes.pipeline: the tensor maps its TMA loads read (dicts)
 
 
 def carried(op: Op) -> tuple[list, list]:

@@ -20,7 +20,7 @@ import operator
 import os
 import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -59,10 +59,11 @@ class Binary:
     threads: int
     smem_bytes: int
     param_types: list  # DType/Ptr per runtime parameter, in order
+    tmaps: list = field(default_factory=list)  # the tensor maps its TMA loads read (ir.Kernel.tmaps)
 
     def pack(self) -> bytes:
         meta = json.dumps({"name": self.name, "threads": self.threads, "smem": self.smem_bytes,
-                           "params": [t.name for t in self.param_types]}).encode()
+                           "params": [t.name for t in self.param_types], "tmaps": self.tmaps}).encode()
         return len(meta).to_bytes(4, "little") + meta + self.cubin
 
     @staticmethod
@@ -70,7 +71,7 @@ class Binary:
         n = int.from_bytes(data[:4], "little")
         meta = json.loads(data[4:4 + n])
         types = [Ptr(DTYPES[t[1:]]) if t.startswith("*") else DTYPES[t] for t in meta["params"]]
-        return Binary(meta["name"], data[4 + n:], meta["threads"], meta["smem"], types)
+        return Binary(meta["name"], data[4 + n:], meta["threads"], meta["smem"], types, meta.get("tmaps", []))
 
 
 # ---- argument classification --------------------------------------------------------------------
@@ -144,18 +145,32 @@ class Launcher:
             driver.set_max_dynamic_smem(func, binary.smem_bytes)
         self.threads, self.smem = binary.threads, binary.smem_bytes
         self.pack = struct.Struct(driver.LAUNCH_CONFIG + "".join("Q" if isinstance(t, Ptr) else SLOT[t.name]
-                                                                 for t in binary.param_types)).pack_into
+                                                                 for t in binary.param_types)
+                                  + "128s" * len(binary.tmaps)).pack_into
         self.nargs = len(binary.param_types)
+        self.tmaps = binary.tmaps
         self.local = threading.local()  # each thread packs its own buffer: concurrent launches never share one
         self.cu_launch = driver.fast_launch_function()
         self.func, self.cu_func = func, ctypes.c_void_p(func)
         self.types = binary.param_types
 
     def buffers(self):
-        buf = ctypes.create_string_buffer(CONFIG_BYTES + 8 * self.nargs)
+        """This thread's buffer: the launch config, an 8-byte slot per argument, then 128 bytes per tensor map."""
+        n, maps = self.nargs, len(self.tmaps)
+        buf = ctypes.create_string_buffer(CONFIG_BYTES + 8 * n + 128 * maps)
         slots = ctypes.addressof(buf) + CONFIG_BYTES
-        self.local.buffers = buf, (ctypes.c_void_p * max(1, self.nargs))(*[slots + 8 * k for k in range(self.nargs)])
+        offsets = [8 * k for k in range(n)] + [8 * n + 128 * k for k in range(maps)]
+        self.local.buffers = buf, (ctypes.c_void_p * max(1, n + maps))(*[slots + o for o in offsets])
         return self.local.buffers
+
+    def encode(self, values: tuple) -> tuple:
+        """The tensor maps of a launch, from its argument values (pointers as ints): each map's parameters or
+        constants, dims innermost first and strides in bytes (a zero dim as 1: a map must cover something)."""
+        def get(ref) -> int:
+            return values[ref[1]] if ref[0] == "arg" else ref[1]
+        return tuple(driver.encode_tiled(m["itemsize"], values[m["base"]], [max(1, get(d)) for d in m["dims"]],
+                                         [get(s) * m["itemsize"] for s in m["strides"]], m["box"], m["swizzle"])
+                     for m in self.tmaps)
 
     def function(self):
         """The launch as a closure over everything constant (no attribute lookups): launch(stream, values,
@@ -179,6 +194,12 @@ class Launcher:
             elif {type(gx), type(gy), type(gz)} != {int}:  # 0.0 or None is no empty grid: say so
                 raise TypeError("the general path names it")
 
+        if self.tmaps:  # encoded per launch from the arguments, and remembered for launches that repeat them
+            encode, plain_launch = functools.lru_cache(maxsize=256)(self.encode), launch
+
+            def launch(stream, values, gx, gy=1, gz=1):
+                values = tuple(values)
+                plain_launch(stream, values + encode(values), gx, gy, gz)
         launch.launcher = self
         launch.types = self.types
         return launch
@@ -366,7 +387,7 @@ class Kernel:
                 pass  # an entry from an incompatible writer: rebuild it
         out = compiler.compile(self.module.ast, self.name, spec)
         b = Binary(out.cuda.name, out.binary.cubin, out.cuda.threads, out.cuda.smem_bytes,
-                   [p.type.dtype for p in out.kernel.params])
+                   [p.type.dtype for p in out.kernel.params], out.kernel.tmaps)
         cache.shared().put(key, b.pack())
         return b
 

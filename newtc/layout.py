@@ -385,6 +385,31 @@ def _swizzle(addr: int, mode_bytes: int) -> int:
     return addr ^ (((addr >> 7) & ((1 << bits) - 1)) << 4)
 
 
+def tma_boxes(shared: Layout, itemsize: int) -> tuple | None:
+    """How TMA writes a 2-D shared tile (columns contiguous in global memory) in this layout: (swizzle bytes, box
+    (rows, columns), the (row, column, byte offset) of each box), or None when no swizzle mode writes it so. TMA puts
+    box element (i, j) at _swizzle(start + (i * width + j) * itemsize) with rows of width * itemsize = mode bytes. Both
+    sides are linear in the coordinate bits when boxes start on multiples of their size, so each bit is checked."""
+    if len(shared.shape) != 2:
+        return None
+    rows, cols = shared.shape
+    inv = inverse(shared)
+
+    def byte(i: int, j: int) -> int:
+        return itemsize * xor_span(inv, to_flat(shared.shape, (i, j)))
+    for mode in (128, 64, 32):
+        width, height = mode // itemsize, min(rows, 256)
+        size = width * height * itemsize
+        if width > cols or size % (8 * mode):  # a box spans whole swizzle atoms (8 rows), so its start keeps the phase
+            continue
+        bits = [(1 << b, 0) for b in range(log2(rows))] + [(0, 1 << b) for b in range(log2(cols))]
+        if all(byte(i, j) == _swizzle((i * width + j) * itemsize, mode) if i < height and j < width
+               else byte(i, j) % size == 0 for i, j in bits):
+            return mode, (height, width), [(r, c, byte(r, c)) for r in range(0, rows, height)
+                                           for c in range(0, cols, width)]
+    return None
+
+
 def wgmma_descriptor(shared: Layout, itemsize: int, start: tuple, sub: tuple, kdim: int) -> tuple | None:
     """How a wgmma operand sub-tile (shape `sub` at `start`, K along `kdim`) is described to the tensor cores:
     (start byte, leading byte offset, stride byte offset, swizzle bytes, transposed), read off the layout

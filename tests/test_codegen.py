@@ -105,6 +105,21 @@ def attention(label, dt, d, causal, bm, bn, warps, stages, *expect):
 MMA = ("sm_80:HMMA", "sm_80:LDSM", "sm_90a:HGMMA", "LDGSTS", "BAR.SYNC")
 
 
+def matmul_tma(label, dt, m, n, k) -> list:
+    """stdlib/matmul.nk's descriptor kernel on row-major tensors: TMA copies on sm_90a, cp.async on sm_80."""
+    sig = {**ptrs(dt, "a", "b", "c"), **{x: i32 for x in ("M", "N", "K", "stride_am", "stride_bk", "stride_cm")}}
+    values = dict(M=m, N=n, K=k, stride_am=k, stride_bk=n, stride_cm=n)
+    aligned = ["a", "b", "c"] + [x for x, v in values.items() if v % 16 == 0]
+    out = []
+    for arch, expect in (("sm_80", ("HMMA", "LDGSTS")), ("sm_90a", ("HGMMA", "UTMALDG", "SYNCS"))):
+        cfg = _matmul_config(m, n, k, dt.itemsize, arch)
+        nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
+        s = spec("matmul", "matmul_tma", f"{label}-{arch}", sig, {**cfg, "GROUP_M": 8}, nw, *expect, aligned=aligned,
+                 num_stages=ns)
+        out.append(dataclasses.replace(s, archs=(arch,)))
+    return out
+
+
 def attention_launched(kernel, label, dt, d, causal, *expect, archs=("sm_80", "sm_90a")):
     """An attention kernel as newtc.ops.attention launches it on contiguous (B, H, 4096, D) tensors, per arch: its
     parameters typed from the source (lse and delta f32, the other tensors dt), blocks from ops' rule."""
@@ -220,6 +235,7 @@ SPECS = [
     *matmul("matmul", "f16-a-transposed", f16, 4096, 4096, 4096, *MMA, transposed=True),
     *matmul("matmul", "f32-tf32", f32, 1024, 1024, 1024, "HMMA", "LDGSTS"),
     *matmul("matmul_bias", "f16-gelu", f16, 4096, 4096, 4096, *MMA, activation="gelu"),
+    *matmul_tma("f16-4096", f16, 4096, 4096, 4096),
     # P stays in the registers S was computed in: mma.sync's A on sm_80, wgmma's on sm_90a (test_attention_p_...)
     attention("f16-d128", f16, 128, False, 128, 64, 8, 2, *MMA),
     attention("bf16-d64-causal", bf16, 64, True, 128, 64, 8, 3, *MMA),

@@ -6,10 +6,18 @@ poisoned buffer larger than the descriptor's tensor (nothing outside it is writt
 loops and runtime `if`s. Each runs in the interpreter (cpu) and on the GPU (cuda, marker gpu). The descriptor matmul
 generates the same cp.async ring and tensor-core instructions as the block-pointer tutorial, for sm_80 and sm_90a.
 """
+import collections
+import math
+import ctypes
+import dataclasses
+import re
+import struct
+
 import pytest
 import torch
 
 import newtc
+from newtc import compiler, jit, layout, nvrtc, ops, syntax
 from test_block_ptr import TUTORIAL, assert_same_pipeline, cdiv, devices, matmul_specs, tensor_core_sass
 
 MATMUL = """\
@@ -143,14 +151,183 @@ def descriptor_spec(arch: str, m=4096, n=4096, k=4096):
     return matmul_specs(m, n, k, arch)[1]  # the block-pointer tutorial's specialization: the same parameters
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-@pytest.mark.parametrize("m, n, k", [(4096, 4096, 4096), (1000, 1001, 100)])
+@pytest.mark.parametrize("arch, m, n, k", [("sm_80", 4096, 4096, 4096), ("sm_80", 1000, 1001, 100),
+                                           ("sm_90a", 1000, 1001, 100)])  # rows of 100 and 1001: no TMA
 def test_descriptor_matmul_has_the_block_pointer_pipeline(arch, m, n, k):
     spec = descriptor_spec(arch, m, n, k)
     assert_same_pipeline((TUTORIAL.read_text(), "matmul_kernel_with_block_pointers", spec),
                          (MATMUL, "matmul_kernel_with_descriptors", spec))
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_descriptor_matmul_compiles_to_tensor_cores(arch):
-    tensor_core_sass(MATMUL, "matmul_kernel_with_descriptors", descriptor_spec(arch), arch)
+def test_descriptor_matmul_compiles_to_tensor_cores():
+    tensor_core_sass(MATMUL, "matmul_kernel_with_descriptors", descriptor_spec("sm_80"), "sm_80")
+
+
+# ---- TMA: on sm_90a a descriptor load feeding a pipelined dot is a bulk tensor copy, when the specialization shows
+# that the descriptor's base, shape and row stride are parameters (or constants), 16-byte aligned ----------------------
+def compiled(text: str, spec, until="cubin", kernel="matmul_kernel_with_descriptors"):
+    return compiler.compile(syntax.parse(text, "tma.nk"), kernel, spec, until=until)
+
+
+def sass_ops(out) -> collections.Counter:
+    return collections.Counter(re.findall(r"\b(UTMALDG|SYNCS|HGMMA|LDGSTS|LDL|STL)\b",
+                                          nvrtc.disassemble(out.binary.cubin)))
+
+
+def test_descriptor_matmul_loads_with_tma_on_sm_90a():
+    """The same wgmma as the block-pointer tutorial, fed by TMA into the same swizzled ring: one map per operand
+    (A's box its whole 128x64 tile, B's four 64x64 panels of its 64x256 tile), one expect_tx per slot."""
+    spec = descriptor_spec("sm_90a")
+    ref = compiled(TUTORIAL.read_text(), spec, "cuda", "matmul_kernel_with_block_pointers").cuda.source
+    out = compiled(MATMUL, spec)
+    src = out.cuda.source[out.cuda.source.index('extern "C"'):]  # the kernel, without the prelude
+    wgmma = re.compile(r"wgmma\.[\w.]+")
+    assert collections.Counter(wgmma.findall(src)) == collections.Counter(wgmma.findall(ref))
+    assert "nk_cp_async<" not in src and "cp.async.wait_group" not in src and src.count("const __grid_constant__") == 2
+    names = [p.name for p in out.kernel.params]
+    at = {n: ["arg", names.index(n)] for n in names}
+    assert out.kernel.tmaps == [
+        {"itemsize": 2, "base": 0, "dims": [at["K"], at["M"]], "strides": [at["stride_am"]], "box": [64, 128],
+         "swizzle": 128},
+        {"itemsize": 2, "base": 1, "dims": [at["N"], at["K"]], "strides": [at["stride_bk"]], "box": [64, 64],
+         "swizzle": 128}]
+    # issued stages - 2 = 2 iterations ahead (one wgmma group stays in flight): twice in the prologue, once in the loop
+    assert src.count("mbarrier.arrive.expect_tx") == 3 and src.count("(unsigned long long)&nk_map1") == 3 * 4
+    ops = sass_ops(out)
+    assert ops["UTMALDG"] and ops["SYNCS"] and ops["HGMMA"] and not ops["LDGSTS"] and not ops["LDL"] + ops["STL"]
+
+
+@pytest.mark.parametrize("change, maps, cp_async", [
+    ("a_ptr unaligned", [1], True),  # A by cp.async, B by TMA, in one loop
+    ("stride_bk unaligned", [0], True),
+    ("computed shape", [1], True),
+    ("nan padding", [], False),  # NaN fill: plain loads, as before (the pipeline copies only zero-filled tiles)
+])
+def test_tma_only_where_the_specialization_proves_it(change, maps, cp_async):
+    spec = descriptor_spec("sm_90a")
+    text = MATMUL
+    if change.endswith("unaligned"):
+        spec = dataclasses.replace(spec, aligned=tuple(a for a in spec.aligned if a != change.split()[0]))
+    elif change == "computed shape":
+        text = MATMUL.replace("(a_ptr, [M, K]", "(a_ptr, [minimum(M, 1 << 30), K]")
+    else:
+        text = MATMUL.replace("[BLOCK_SIZE_M, BLOCK_SIZE_K])", "[BLOCK_SIZE_M, BLOCK_SIZE_K], padding_option='nan')")
+        text = text.replace("block_shape=[BLOCK_SIZE_K, BLOCK_SIZE_N])", "block_shape=[BLOCK_SIZE_K, BLOCK_SIZE_N], "
+                                                                         "padding_option='nan')")
+    assert text != MATMUL or change.endswith("unaligned")
+    out = compiled(text, spec)
+    assert [m["base"] for m in out.kernel.tmaps] == maps
+    ops = sass_ops(out)
+    assert bool(ops["UTMALDG"]) == bool(maps) and bool(ops["LDGSTS"]) == cp_async and ops["HGMMA"]
+
+
+@pytest.mark.parametrize("shape, itemsize", [((128, 64), 2), ((64, 256), 2), ((32, 32), 2), ((128, 32), 4),
+                                             ((16, 64), 1), ((64, 16), 2), ((256, 128), 1), ((512, 64), 2)])
+def test_tma_boxes_are_the_shared_layout_element_by_element(shape, itemsize):
+    """What tma_boxes claims (box origins and offsets, TMA's swizzle inside each box) is where the layout puts every
+    element; a column-major tile is nothing TMA writes."""
+    lay = layout.swizzled(shape, (1, 0), itemsize)
+    mode, (h, w), boxes = layout.tma_boxes(lay, itemsize)
+    assert w * itemsize == mode and len(boxes) == shape[0] * shape[1] // (h * w)
+    inv = layout.inverse(lay)
+    for r, c, at in boxes:
+        for i in range(h):
+            for j in range(w):
+                want = itemsize * layout.xor_span(inv, layout.to_flat(shape, (r + i, c + j)))
+                assert layout._swizzle(at + (i * w + j) * itemsize, mode) == want
+    assert layout.tma_boxes(layout.swizzled(shape, (0, 1), itemsize), itemsize) is None
+
+
+def padded(rows: int, cols: int, dtype, device, skew: int = 0) -> torch.Tensor:
+    """A [rows, cols] view of random values inside a NaN-filled buffer with spare rows and columns (rows of a multiple
+    of 16 elements unless skew): whatever a copy reads past the view's edge poisons the result."""
+    buf = torch.full((rows + 7, -(-(cols + 1) // 16) * 16 + skew), float("nan"), device=device, dtype=dtype)
+    view = buf[:rows, skew:skew + cols]
+    view.copy_(torch.randn(rows, cols, device=device).to(dtype))
+    return view
+
+
+TMA_CASES = {  # (M, N, K, BM, BN, BK, warps, stages)
+    "cpu": [(37, 45, 70, 32, 32, 32, 4, 2)],
+    "cuda": [(1000, 1001, 100, 128, 128, 64, 8, 3), (517, 300, 1031, 128, 256, 64, 8, 4),
+             (129, 257, 63, 64, 64, 64, 4, 2), (4096, 4096, 4096, 128, 256, 64, 8, 4)],
+}
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("skew", [0, 1])
+def test_tma_matmul_zero_fills_ragged_edges(device, dtype, skew):
+    """Ragged M, N and K with NaN just past every edge: TMA's out-of-bounds boxes must load zeros (skew 0, both operands
+    by TMA on sm_90a), and views that are not 16-byte aligned take the cp.async path and are as right (skew 1)."""
+    for m, n, k, bm, bn, bk, warps, stages in TMA_CASES[device]:
+        a, b = padded(m, k, dtype, device, skew), padded(k, n, dtype, device, skew)
+        c = torch.full((m, n), float("nan"), device=device, dtype=dtype)
+        args = (a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride())
+        meta = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8, num_warps=warps,
+                    num_stages=stages)
+        kernel = KERNELS.matmul_kernel_with_descriptors
+        assert len(kernel.output(args, meta, "ir", "sm_90a").kernel.tmaps) == (0 if skew else 2)
+        kernel[(cdiv(m, bm) * cdiv(n, bn),)](*args, **meta)
+        ref = a.double() @ b.double()
+        err = ((c.double() - ref).norm() / ref.norm()).item()
+        assert torch.isfinite(c).all() and err < 1e-2, (m, n, k, dtype, skew, err)
+
+
+def test_the_launcher_encodes_each_tensor_map_from_the_arguments(monkeypatch):
+    """No GPU: the driver replaced. Each launch's maps are encoded from its argument values (dims innermost first,
+    strides in bytes, into a 64-byte aligned CUtensorMap), once per distinct arguments, and their 128 bytes travel
+    after the arguments' 8-byte slots."""
+    encoded, launches = [], []
+
+    class Driver:
+        def cuTensorMapEncodeTiled(self, out, dtype, rank, base, dims, strides, box, steps, interleave, swizzle, l2,
+                                   fill):
+            encoded.append((out % 64, dtype, rank, base, list(dims), list(strides)[:rank - 1], list(box), list(steps),
+                            interleave, swizzle, fill))
+            ctypes.memmove(out, bytes([len(encoded)]) * 128, 128)
+            return 0
+
+    def launch(buf, func, params, extra):
+        launches.append([ctypes.string_at(params[i], 8) for i in range(12)] +
+                        [ctypes.string_at(params[i], 128) for i in (12, 13)])
+        return 0
+    monkeypatch.setattr(jit.driver, "_cuda", Driver)
+    monkeypatch.setattr(jit.driver, "load_module", lambda cubin: 1)
+    monkeypatch.setattr(jit.driver, "get_function", lambda module, name: 1)
+    monkeypatch.setattr(jit.driver, "fast_launch_function", lambda: launch)
+    out = compiled(MATMUL, descriptor_spec("sm_90a"), "ir")
+    binary = jit.Binary("nk", b"", 256, 0, [p.type.dtype for p in out.kernel.params], out.kernel.tmaps)
+    assert jit.Binary.unpack(binary.pack()) == binary
+    run = jit.Launcher(binary, 0).function()
+    a, b, c, m, n, k = 0x10000, 0x20000, 0x30000, 1000, 1008, 4096
+    for rows in (m, m, m + 24):
+        run(0, [a, b, c, rows, n, k, k + 16, 1, n, 1, n, 1], 9)
+    assert encoded == [(0, 1, 2, a, [k, m], [2 * (k + 16)], [64, 128], [1, 1], 0, 3, 0),
+                       (0, 1, 2, b, [n, k], [2 * n], [64, 64], [1, 1], 0, 3, 0),
+                       (0, 1, 2, a, [k, m + 24], [2 * (k + 16)], [64, 128], [1, 1], 0, 3, 0),
+                       (0, 1, 2, b, [n, k], [2 * n], [64, 64], [1, 1], 0, 3, 0)]
+    assert [struct.unpack("<Q", x[0])[0] for x in launches] == [a] * 3
+    assert [struct.unpack("<i", x[3][:4])[0] for x in launches] == [m, m, m + 24]
+    assert [(x[12][0], x[13][0]) for x in launches] == [(1, 2), (1, 2), (3, 4)]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_stdlib_matmul_tma_matches_torch(device, dtype):
+    """stdlib/matmul.nk's descriptor kernel with ops' tile table, ragged shapes, NaN past every edge; on sm_90a its A and
+    B tiles are TMA copies (checked by compiling for sm_90a from the same arguments)."""
+    shapes = [(40, 72, 56)] if device == "cpu" else [(1000, 1001, 100), (4096, 4096, 4096), (16, 4096, 4096),
+                                                     (333, 200, 1000)]
+    kernel = ops._stdlib("matmul").matmul_tma
+    for m, n, k in shapes:
+        a, b, c = padded(m, k, dtype, device), padded(k, n, dtype, device), padded(m, n, dtype, device).fill_(math.nan)
+        cfg = ops._matmul_config(m, n, k, 2, "sm_90a")
+        args, meta = (a, b, c, m, n, k, a.stride(0), b.stride(0), c.stride(0)), dict(GROUP_M=8, **cfg)
+        out = kernel.output(args, meta, "cubin", "sm_90a")
+        assert [t["base"] for t in out.kernel.tmaps] == [0, 1]
+        assert "UTMALDG" in nvrtc.disassemble(out.binary.cubin)
+        kernel[(cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]),)](*args, **meta)
+        ref = a.double() @ b.double()
+        err = ((c.double() - ref).norm() / ref.norm()).item()
+        assert torch.isfinite(c).all() and err < 1e-2, (m, n, k, dtype, err)

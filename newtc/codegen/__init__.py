@@ -292,6 +292,7 @@ class Codegen:
                 self.head.append(f"  const {t} {self.names[id(p)]} = 1;")
             else:
                 params.append(f"{t} {self.names[id(p)]}")
+        params += [f"const __grid_constant__ nk_tmap nk_map{i}" for i in range(len(k.tmaps))]  # after the arguments
         self.region(k.body)
         threads = 32 * k.spec.num_warps
         symbol = f"nk_{k.name}"  # prefixed: a kernel named like a CUDA builtin (norm, exp) must not clash
@@ -360,7 +361,9 @@ RULES = {"for": Codegen.loop, "while": Codegen.loop, "if": Codegen.branch, "stor
          "local_store": shared.local_store, "local_load": shared.local_load, "async_copy": shared.async_copy,
          "async_commit": shared.async_commit, "async_wait": shared.async_wait,
          "barrier": lambda cg, op: cg.emit("__syncthreads();"), "assert": device_assert, "asm": inline_asm,
-         "fence_async": lambda cg, op: cg.emit('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");')}
+         "fence_async": lambda cg, op: cg.emit('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");'),
+         "mbar_init": shared.mbar_init, "mbar_inval": shared.mbar_inval, "mbar_expect": shared.mbar_expect, "tma_load": shared.tma_load,
+         "mbar_wait": shared.mbar_wait}
 
 from . import scan  # noqa: E402 - scans and data movement keep their emitters in their own table
 

@@ -3,6 +3,7 @@
 f16/bf16 are 16-bit structs converted with PTX `cvt`; arithmetic on them happens in f32.
 """
 PRELUDE = r"""
+struct __align__(64) nk_tmap { unsigned long long v[16]; };  // a CUtensorMap, passed as a __grid_constant__
 struct nk_f16 { unsigned short x; };
 struct nk_bf16 { unsigned short x; };
 __device__ __forceinline__ float nk_tof(nk_f16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.x)); return f; }

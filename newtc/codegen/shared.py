@@ -197,3 +197,56 @@ def async_commit(cg, op: ir.Op) -> None:
 
 def async_wait(cg, op: ir.Op) -> None:
     cg.emit(f'asm volatile("cp.async.wait_group {op.attrs["pending"]};" ::: "memory");')
+
+
+# ---- TMA: bulk tensor copies into ring slots, each slot's copies counted by its mbarrier (passes.pipeline) ----------
+def mbarrier(cg, bars: ir.Value, slot: ir.Value) -> str:
+    return f"(nk_sbase + {buffer_base(cg, bars)} + {cg.scalar(slot)} * 8)"
+
+
+def per_slot(cg, bars: ir.Value, ptx: str) -> str:
+    """The PTX (with [%0] the barrier) once for each slot's barrier."""
+    base = f"nk_sbase + {buffer_base(cg, bars)}"
+    return " ".join(f'asm volatile("{ptx}" :: "r"({base} + {8 * s}));' for s in range(bars.type.numel))
+
+
+def mbar_init(cg, op: ir.Op) -> None:
+    """Thread 0 sets each slot's barrier to expect one arrival; the fence shows them to the TMA unit, the CTA
+    barrier to every thread."""
+    init = per_slot(cg, op.args[0], "mbarrier.init.shared::cta.b64 [%0], 1;")
+    cg.emit(f'if (nk_tid == 0) {{ {init} asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }}')
+    cg.emit("__syncthreads();")
+
+
+def mbar_inval(cg, op: ir.Op) -> None:
+    """After the loop, once every thread has passed its last wait: the barriers are invalidated, so that their bytes
+    may hold other data, or barriers made again (a loop inside another)."""
+    cg.emit("__syncthreads();")
+    cg.emit(f'if (nk_tid == 0) {{ {per_slot(cg, op.args[0], "mbarrier.inval.shared::cta.b64 [%0];")} }}')
+
+
+def mbar_expect(cg, op: ir.Op) -> None:
+    """The one arrival of a slot's phase, by the thread that issues its copies: the phase completes once they
+    have written `bytes` (boxes out of bounds count in full, as zeros)."""
+    bars, slot, valid = op.args
+    cg.emit(f'if (nk_tid == 0 && {cg.scalar(valid)}) asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, '
+            f'[%0], %1;" :: "r"({mbarrier(cg, bars, slot)}), "r"({op.attrs["bytes"]}) : "memory");')
+
+
+def tma_load(cg, op: ir.Op) -> None:
+    """One cp.async.bulk.tensor per box of the tile, at the tile's (row, column) plus the box's; coordinates go
+    innermost first, and what lies out of bounds is written as zeros."""
+    view, bars, slot, valid, row, col = op.args
+    bar, base = mbarrier(cg, bars, slot), f"nk_sbase + {buffer_base(cg, view)}"
+    copies = [f'asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], '
+              f'[%1, {{%2, %3}}], [%4];" :: "r"({base} + {at}), "l"((unsigned long long)&nk_map{op.attrs["map"]}), '
+              f'"r"((int)({cg.scalar(col)} + {c})), "r"((int)({cg.scalar(row)} + {r})), "r"({bar}) : "memory");'
+              for r, c, at in op.attrs["boxes"]]
+    cg.emit(f"if (nk_tid == 0 && {cg.scalar(valid)}) {{ {' '.join(copies)} }}")
+
+
+def mbar_wait(cg, op: ir.Op) -> None:
+    """Every thread waits until the slot's barrier completes the phase of this parity: its copies have landed."""
+    bars, slot, phase = op.args
+    cg.emit(f'asm volatile("{{ .reg .pred p; W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra W; }}" '
+            f':: "r"({mbarrier(cg, bars, slot)}), "r"({cg.scalar(phase)}) : "memory");')

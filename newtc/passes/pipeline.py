@@ -16,8 +16,8 @@ and the loads of step k + 1 overlap the tensor-core work of step k.
 from __future__ import annotations
 
 from .. import ir
-from ..layout import restrict
-from ..types import Type, bool_, i32
+from ..layout import restrict, tma_boxes
+from ..types import Type, bool_, i32, u64
 from .axisinfo import analyze_axes
 from .lower import alloc, uses
 
@@ -109,6 +109,33 @@ class Pipeliner:
             if op.kind == "for":
                 self.loop(r, op)
 
+    def ref(self, v) -> tuple | None:
+        """A kernel parameter as ("arg", its index), a constant as ("const", its value); None for a computed value."""
+        at = next((i for i, p in enumerate(self.k.params) if p is v), None)
+        op = self.defs.get(id(v))
+        return ("const", v) if type(v) is int else ("arg", at) if at is not None else \
+            ("const", op.attrs["value"]) if op is not None and op.kind == "const" else None
+
+    def tma(self, store: ir.Op, load: ir.Op) -> dict | None:
+        """The attrs of a TMA copy for a descriptor load (sm_90, 2-D, zero padding; its base, shape and row stride
+        parameters or constants, the base and every row 16-byte aligned by the specialization, the ring's layout one
+        that TMA writes), its tensor map added to the kernel's; None keeps the cp.async copy."""
+        if "desc" not in load.attrs or not self.k.spec.arch.startswith("sm_90"):
+            return None
+        base, shape, strides, _ = load.attrs["desc"]
+        item = store.args[0].type.dtype.elem.itemsize
+        boxes = tma_boxes(store.args[0].layout, item) if len(shape) == 2 else None
+        refs = [self.ref(v) for v in (base, *shape, strides[0])]
+
+        def aligned(r: tuple, unit: int) -> bool:
+            return self.k.params[r[1]].name in self.k.spec.aligned if r[0] == "arg" else r[1] * unit % 16 == 0
+        if boxes is None or None in refs or refs[0][0] != "arg" or not aligned(refs[0], 1) or not aligned(refs[3], item):
+            return None
+        mode, (height, width), at = boxes
+        self.k.tmaps.append({"itemsize": item, "base": refs[0][1], "dims": [list(refs[2]), list(refs[1])],
+                             "strides": [list(refs[3])], "box": [width, height], "swizzle": mode})  # as JSON reads it
+        return {"map": len(self.k.tmaps) - 1, "boxes": at}
+
     def candidates(self, body: ir.Region, free: set) -> list:
         inside = self.inside(body)
         readers = {}
@@ -158,12 +185,31 @@ class Pipeliner:
                    and len(readers_of(body, u.result)) == 1 and yield_op.args.index(u.result) + 1
                    == body.params.index(u.args[2])] if s_count >= 3 else []
         ahead_by = s_count - 1 - (1 if lagging else 0)
+        plans = [self.tma(store, load) for store, load, _ in found]  # TMA where it applies, else cp.async
+        cp_async = not all(plans)
+        before: list[ir.Op] = []
+        bars = None
+        if any(plans):  # one barrier per slot counts the bytes of all the slot's TMA copies
+            b = alloc((s_count,), u64, None, span)
+            b.attrs["ring"] = True  # its uses are ordered by the pipeline, as the rings' are
+            before += [b, ir.Op("mbar_init", [b.result], [], {}, span)]
+            bars = b.result
+        tma_bytes = sum(ir.buffer_bytes(store.args[0]) for (store, *_), plan in zip(found, plans) if plan)
 
         def copies(out: list, new_iv: ir.Value, bases: list, times: int, slot: ir.Value, rings: list) -> None:
             valid = self.scalar(out, "gt" if down else "lt", [new_iv, hi], bool_, span)
             memo: dict = {id(iv): new_iv}
             self.later(out, memo, inside, inductions, bases, times, span)
-            for (store, load, _), ring in zip(found, rings):
+            if bars is not None:
+                out.append(ir.Op("mbar_expect", [bars, slot, valid], [], {"bytes": tma_bytes}, span))
+            for (store, load, _), ring, plan in zip(found, rings, plans):
+                view = ir.Value(ring.type.with_dtype(ir.Buffer(ring.type.dtype.elem)), "smem", ring.layout)
+                out.append(ir.Op("slot", [ring, slot], [view], {}, load.span))
+                if plan:  # the descriptor's offsets at that iteration; TMA checks the bounds
+                    at = [self.clone(o, memo, inside, out) if isinstance(o, ir.Value) else self.const(out, o, i32, span)
+                          for o in load.attrs["desc"][3]]
+                    out.append(ir.Op("tma_load", [view, bars, slot, valid, *at], [], dict(plan), load.span))
+                    continue
                 ptr = self.clone(load.args[0], memo, inside, out)
                 ok = ir.Value(Type(ptr.type.shape, bool_), "", ptr.layout)
                 out.append(ir.Op("splat", [valid], [ok], {}, span))
@@ -172,13 +218,11 @@ class Pipeliner:
                     both = ir.Value(ok.type, "", ptr.layout)
                     out.append(ir.Op("and", [self.clone(mask, memo, inside, out), ok], [both], {}, span))
                     ok = both
-                view = ir.Value(ring.type.with_dtype(ir.Buffer(ring.type.dtype.elem)), "smem", ring.layout)
-                out.append(ir.Op("slot", [ring, slot], [view], {}, load.span))
                 out.append(ir.Op("async_copy", [view, ptr, ok], [], {}, load.span))
-            out.append(ir.Op("async_commit", [], [], {}, span))
+            if cp_async:
+                out.append(ir.Op("async_commit", [], [], {}, span))
 
         # the rings, and the prologue: iterations 0 .. stages - 2
-        before: list[ir.Op] = []
         rings = []
         for store, load, _ in found:
             a = alloc(store.args[0].type.shape, store.args[0].type.dtype.elem, store.args[0].layout, store.span, s_count)
@@ -192,12 +236,16 @@ class Pipeliner:
             it.facts = iv.facts
             copies(before, it, [start for _, start, *_ in inductions], s, self.const(before, s, i32, span), rings)
 
-        # the loop: read slot r, write slot w, both carried
+        # the loop: read slot r, write slot w, both carried, and with TMA the phase of slot r's barrier
         r_slot, w_slot = ir.Value(Type((), i32), "slot_r"), ir.Value(Type((), i32), "slot_w")
-        body.params += [r_slot, w_slot]
-        loop.args += [self.const(before, 0, i32, span), self.const(before, ahead_by, i32, span)]
-        loop.results += [ir.Value(Type((), i32)), ir.Value(Type((), i32))]
-        head: list[ir.Op] = [ir.Op("async_wait", [], [], {"pending": ahead_by - 1}, span)]
+        phase = ir.Value(Type((), i32), "phase")
+        carried = [(r_slot, 0), (w_slot, ahead_by)] + ([(phase, 0)] if bars is not None else [])
+        body.params += [v for v, _ in carried]
+        loop.args += [self.const(before, start, i32, span) for _, start in carried]
+        loop.results += [ir.Value(Type((), i32)) for _ in carried]
+        head: list[ir.Op] = [ir.Op("async_wait", [], [], {"pending": ahead_by - 1}, span)] if cp_async else []
+        if bars is not None:
+            head.append(ir.Op("mbar_wait", [bars, r_slot, phase], [], {}, span))
         if any(u.kind in ("dot", "trans") for *_, reads in found for u in reads):  # tensor cores: the async proxy
             head.append(ir.Op("fence_async", [], [], {}, span))
         head.append(ir.Op("barrier", [], [], {}, span))
@@ -216,11 +264,14 @@ class Pipeliner:
                 u.args = [view if a is store.args[0] else a for a in u.args]
         *rest, _ = [op for op in body.ops if id(op) not in dead]
         tail: list[ir.Op] = []
-        nexts = []
+        nexts, stay = [], []
         for slot in (r_slot, w_slot):
             one = self.scalar(tail, "add", [slot, self.const(tail, 1, i32, span)], i32, span)
-            wrap = self.scalar(tail, "lt", [one, self.const(tail, s_count, i32, span)], bool_, span)
-            nexts.append(self.scalar(tail, "where", [wrap, one, self.const(tail, 0, i32, span)], i32, span))
+            stay.append(self.scalar(tail, "lt", [one, self.const(tail, s_count, i32, span)], bool_, span))
+            nexts.append(self.scalar(tail, "where", [stay[-1], one, self.const(tail, 0, i32, span)], i32, span))
+        if bars is not None:  # the phase flips when slot r wraps around the ring
+            flip = self.scalar(tail, "sub", [self.const(tail, 1, i32, span), phase], i32, span)
+            nexts.append(self.scalar(tail, "where", [stay[0], phase, flip], i32, span))
         yield_op.args = list(yield_op.args) + nexts
         # the later copies go out first, except with asynchronous wgmma: its tensor-core work starts first, the copies
         # are issued while it runs, then one group is waited for (the one that read the slot two iterations back)
@@ -229,7 +280,7 @@ class Pipeliner:
             issue.append(ir.Op("dot_wait", [dot.result], [landed], {"pending": 1}, span))
             yield_op.args = [landed if a is dot.result else a for a in yield_op.args]
         body.ops = head + (rest + issue if lagging else issue + rest) + tail + [yield_op]
-        after = [ir.Op("async_wait", [], [], {"pending": 0}, span)]
+        after = [ir.Op("async_wait", [], [], {"pending": 0}, span)] if cp_async else []
         for dot in lagging:  # the accumulator is read after the loop once its last group has landed
             dot.attrs["async"] = True
             result = loop.results[body.params.index(dot.args[2]) - 1]
@@ -238,6 +289,8 @@ class Pipeliner:
             at = parent.ops.index(loop)
             for op in parent.ops[at + 1:]:
                 replace_uses(op, result, landed)
+        if bars is not None:  # once every thread is done waiting: the bytes may be reused, or the loop run again
+            after.append(ir.Op("mbar_inval", [bars], [], {}, span))
         at = parent.ops.index(loop)
         parent.ops[at:at + 1] = before + [loop] + after
 

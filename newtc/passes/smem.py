@@ -95,6 +95,14 @@ def _effects(op: ir.Op) -> list:
         return [("w", op.args[0])]
     if kind == "local_load":
         return [("r", op.args[0])]
+    if kind in ("tma_load", "mbar_expect"):  # the copy writes its slot; the arrival, the slot's barrier
+        return [("w", op.args[0])]
+    if kind == "mbar_wait":
+        return [("r", op.args[0])]
+    if kind == "mbar_init":  # then a barrier inside the op
+        return [("w", op.args[0]), ("sync",)]
+    if kind == "mbar_inval":  # after a barrier inside the op
+        return [("sync",), ("w", op.args[0])]
     if kind == "barrier":
         return [("sync",)]
     if kind == "trans":  # a view of a buffer: its readers access it
