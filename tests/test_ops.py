@@ -299,17 +299,21 @@ def test_layernorm_moments_on_hard_rows(device, dtype, monkeypatch):
     mean depends on the variance alone; its mean is minus the error of the row's mean over the deviation, which
     f32 holds to a few 2^-24 of the mean's size. A mean (or a chunk's, for split plans) that far off inflates the
     variance of deviations taken from it by its square; the looped plan's shifted sums take deviations from a
-    pivot in the input's dtype, exactly, and stay within the dtype's tolerance on every row."""
+    pivot in the input's dtype, exactly, and stay within the dtype's tolerance times their cancellation factor
+    (a row whose first block sits 1000 away: about 12)."""
     n = 3001
     head = 64 * 16 // torch.empty(0, dtype=dtype).element_size()  # forced_plans' loop block
     for name, x in hard_rows(n, head, dtype, device):
         ref = F.layer_norm(x.double(), (n,))
         off = (2**-24 * x.double().mean(-1).abs() / x.double().std(-1)).max().item()  # a mean's rounding, in deviations
+        # shifted sums lose 1 + (mean - pivot)^2 / variance of the sums' precision, the pivot being the first block's mean
+        cancel = (1 + (x.double().mean(-1) - x[:, :head].double().mean(-1)) ** 2 / x.double().var(-1)).max().item()
         w = torch.ones(n, device=device, dtype=dtype)
         for p in forced_plans(n, x.element_size(), False, True):
             monkeypatch.setattr(ops, "plan", lambda *args, p=p: p)
             out = ops.layernorm(x, w, None).double()
             shift = out.mean(-1, keepdim=True)
             err = ((out - shift) - (ref - ref.mean(-1, keepdim=True))).norm() / ref.norm()
-            assert err < TOL[dtype] + (0 if p.kind == "looped" else 2 * (2 * off) ** 2), (name, p, err)
+            assert err < TOL[dtype] * (cancel if p.kind == "looped" else 1) + (0 if p.kind == "looped" else 2 * (2 * off) ** 2), \
+                (name, p, err)
             assert shift.abs().max() <= 4 * off + TOL[dtype], (name, p, shift.squeeze(-1))
