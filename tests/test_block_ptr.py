@@ -136,10 +136,16 @@ def test_three_dimensional_blocks(device):
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("pad", ["zero", "nan"])
 def test_padding_fills_what_is_outside(device, pad):
-    m, n = 45, 50  # 64 columns read: 14 padded in every row
+    check_padded_row_sums(KERNELS.row_sums, device, pad, lambda x: x.stride())
+
+
+def check_padded_row_sums(row_sums, device, pad, strides):
+    """row_sums(x, out, M, N, *strides(x), BM, BN, PAD) sums 64-column blocks of 50-column rows: each row's 14 padded
+    columns add zeros, or make the sum NaN."""
+    m, n = 45, 50
     x = torch.randn(m, n, device=device).half()
     out = torch.full((m,), 12345.0, device=device)
-    KERNELS.row_sums[(cdiv(m, 16),)](x, out, m, n, *x.stride(), BM=16, BN=64, PAD=pad)
+    row_sums[(cdiv(m, 16),)](x, out, m, n, *strides(x), BM=16, BN=64, PAD=pad)
     want = x.float().sum(1) if pad == "zero" else torch.full((m,), float("nan"), device=device)
     assert torch.allclose(out, want, rtol=1e-5, atol=1e-5, equal_nan=True)
 

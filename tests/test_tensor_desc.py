@@ -18,7 +18,8 @@ import torch
 
 import newtc
 from newtc import compiler, jit, layout, nvrtc, ops, syntax
-from test_block_ptr import TUTORIAL, assert_same_pipeline, cdiv, devices, matmul_specs, tensor_core_sass
+from test_block_ptr import (TUTORIAL, assert_same_pipeline, cdiv, check_padded_row_sums, devices, matmul_specs,
+                            tensor_core_sass)
 
 MATMUL = """\
 # examples/tutorials/03_matmul_block_pointer.nk with tensor descriptors: one per matrix, made once, moved by each access
@@ -115,12 +116,7 @@ def test_ragged_tiles_load_zero_and_store_only_inside(device, dtype):
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("pad", ["zero", "nan"])
 def test_padding_option_fills_what_is_outside(device, pad):
-    m, n = 45, 50  # 64 columns read: 14 padded in every row
-    x = torch.randn(m, n, device=device).half()
-    out = torch.full((m,), 12345.0, device=device)
-    KERNELS.row_sums[(cdiv(m, 16),)](x, out, m, n, x.stride(0), BM=16, BN=64, PAD=pad)
-    want = x.float().sum(1) if pad == "zero" else torch.full((m,), float("nan"), device=device)
-    assert torch.allclose(out, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    check_padded_row_sums(KERNELS.row_sums, device, pad, lambda x: x.stride()[:1])
 
 
 @pytest.mark.parametrize("device", devices())

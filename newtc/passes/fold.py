@@ -8,15 +8,12 @@ defined; its operands are defined before its old place, so they still dominate i
 from __future__ import annotations
 
 from .. import ir
+from .lower import uses
 
 
 def fold_accumulators(k: ir.Kernel) -> ir.Kernel:
     defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
-    readers: dict = {}
-    for op in ir.walk(k.body):
-        for a in op.args:
-            if a is not None:
-                readers.setdefault(id(a), []).append(op)
+    readers = uses(k)
 
     def zero(v: ir.Value) -> bool:
         op = defs.get(id(v))
