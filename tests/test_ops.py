@@ -133,6 +133,13 @@ def test_bad_arguments_are_errors():
 
 
 # ---- every kind of plan, forced ----------------------------------------------------------------------
+def force_plan(monkeypatch, p: Plan) -> None:
+    """Every op plans p from now on. The launches bound on the GPU for a key (by an earlier call, in this test
+    or another) would run the plan they were bound with instead: they are dropped."""
+    monkeypatch.setattr(ops, "plan", lambda *args: p)
+    monkeypatch.setattr(ops, "_fast", {})
+
+
 def forced_plans(n: int, itemsize: int, shift: bool, grouped: bool):
     """One plan of each kind for rows of n elements, with blocks small enough to loop over small rows.
     Several rows share a program only where the model allows it (`grouped`: rows on 16-byte boundaries, or
@@ -160,7 +167,7 @@ def test_every_plan(device, dtype, monkeypatch):
         shift = ops._configure("softmax", x, x.shape[1])[1]["SHIFT"]
         assert shift == (x.stride(0) == 1001) or x.stride(0) == 1003
         for p in forced_plans(x.shape[1], x.element_size(), shift, x.is_contiguous()):
-            monkeypatch.setattr(ops, "plan", lambda *args, p=p: p)
+            force_plan(monkeypatch, p)
             check_row_ops(x, dtype)
 
 
@@ -177,15 +184,13 @@ def test_bound_path_launches_what_the_general_path_launched(monkeypatch):
     monkeypatch.setattr(ops, "_bind", bind)
     monkeypatch.setattr(ops, "_raw_stream", lambda device: 0)
     monkeypatch.setattr(ops, "_bindable", lambda tensors: True)
-    monkeypatch.setattr(ops, "_fast", {})
     x, t = torch.randn(3, 1500), torch.randint(0, 1500, (3,))
     w, b = torch.randn(1500), torch.randn(1500)
     calls = [lambda: ops.softmax(x), lambda: ops.log_softmax(x), lambda: ops.cross_entropy(x, t),
              lambda: ops.layernorm(x, w, b, 1e-5), lambda: ops.layernorm(x, w, None), lambda: ops.rmsnorm(x, w)]
     inputs = {x.data_ptr(), t.data_ptr(), w.data_ptr(), b.data_ptr()}
     for p in forced_plans(1500, 4, False, True):
-        monkeypatch.setattr(ops, "plan", lambda *args, p=p: p)
-        ops._fast.clear()
+        force_plan(monkeypatch, p)
         for call in calls:
             call()  # the general path: the interpreter, then bound for this key
             launched.clear()
@@ -310,7 +315,7 @@ def test_layernorm_moments_on_hard_rows(device, dtype, monkeypatch):
         cancel = (1 + (x.double().mean(-1) - x[:, :head].double().mean(-1)) ** 2 / x.double().var(-1)).max().item()
         w = torch.ones(n, device=device, dtype=dtype)
         for p in forced_plans(n, x.element_size(), False, True):
-            monkeypatch.setattr(ops, "plan", lambda *args, p=p: p)
+            force_plan(monkeypatch, p)
             out = ops.layernorm(x, w, None).double()
             shift = out.mean(-1, keepdim=True)
             err = ((out - shift) - (ref - ref.mean(-1, keepdim=True))).norm() / ref.norm()
