@@ -44,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
                         "with such arguments would (default: none; 'all' for every runtime parameter)")
     p.add_argument("--ones", default="", metavar="NAME,...",
                    help="int parameters to specialize as equal to 1, as a launch with unit strides would")
+    p.add_argument("--positive", default="", metavar="NAME,...",
+                   help="int parameters to specialize as above 0, as a launch with sizes and strides would (TMA "
+                        "copies need their tensor's sizes and row stride so)")
     p.add_argument("--num-warps", type=count("a power of two from 1 to 32", lambda n: n in (1, 2, 4, 8, 16, 32)),
                    default=4, metavar="N", help="warps per program: 1, 2, 4, 8, 16 or 32 (default: 4)")
     p.add_argument("--num-stages", type=count("at least 1", lambda n: n >= 1), default=1, metavar="N",
@@ -150,9 +153,9 @@ def emit(args, module: A.Module, filename: str):
         p = no_value[0]
         raise NkError(f"missing constexpr '{p.name}' for kernel '{d.name}'", p.span, f"pass -D {p.name}=VALUE")
     aligned = frozenset(sig) if args.aligned == "all" else frozenset(filter(None, args.aligned.split(",")))
-    ones = tuple(filter(None, args.ones.split(",")))
+    ones, positive = (tuple(filter(None, names.split(","))) for names in (args.ones, args.positive))
     spec = Spec.of(sig, consts, num_warps=args.num_warps, num_stages=args.num_stages, aligned=aligned, ones=ones,
-                   arch=args.arch)
+                   positive=positive, arch=args.arch)
     return stage_text(module, d.name, spec, args.emit)
 
 
@@ -183,8 +186,9 @@ def selected(args, module: A.Module, filename: str) -> list[A.FuncDef]:
         raise NkError(f"no kernel named '{args.kernel}' in {filename}", None, f"kernels: {names}")
     params = {p.name: p for d in chosen for p in d.params}
     aligned = set(filter(None, args.aligned.split(","))) - {"all"}
-    ones = set(filter(None, args.ones.split(",")))
-    for flag, given in (("--sig", args.sig), ("-D", args.defines), ("--aligned", aligned), ("--ones", ones)):
+    ones, positive = (set(filter(None, names.split(","))) for names in (args.ones, args.positive))
+    for flag, given in (("--sig", args.sig), ("-D", args.defines), ("--aligned", aligned), ("--ones", ones),
+                        ("--positive", positive)):
         for name in given:
             p = params.get(name)
             if p is None:

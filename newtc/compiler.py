@@ -29,11 +29,13 @@ class Spec:
     idx64: bool = False  # 64-bit offsets: a tensor argument spans 2 GiB or more
     aligned: tuple = ()  # parameters that are multiples of 16 (ints) or 16-byte aligned (pointers)
     ones: tuple = ()  # int parameters equal to 1 (unit strides: the analysis then sees contiguity)
+    positive: tuple = ()  # int parameters above 0 (sizes and strides a TMA tensor map may be built from)
     arch: str = "sm_90a"
 
     def __post_init__(self):  # sorted: the repr is a cache key, the same in every process
         object.__setattr__(self, "aligned", tuple(sorted(self.aligned)))
         object.__setattr__(self, "ones", tuple(sorted(self.ones)))
+        object.__setattr__(self, "positive", tuple(sorted(self.positive)))
 
     @staticmethod
     def of(sig: dict, constexprs: dict | None = None, **options) -> "Spec":

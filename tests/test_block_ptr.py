@@ -164,7 +164,7 @@ def test_block_pointers_carried_through_loops_and_ifs(device):
 
 
 # ---- the generated code --------------------------------------------------------------------------------------------
-TOKENS = re.compile(r"nk_cp_async<\d+>|cp\.async\.\w+|mma\.sync[\w.]*|wgmma\.[\w.]+|ldmatrix[\w.]*|\} else \{")
+TOKENS = re.compile(r"nk_cp_async<\d+>|cp\.async\.[\w.:]+|mma\.sync[\w.]*|wgmma\.[\w.]+|ldmatrix[\w.]*|\} else \{")
 NAMES = {"a": "a_ptr", "b": "b_ptr", "c": "c_ptr", "BM": "BLOCK_SIZE_M", "BN": "BLOCK_SIZE_N", "BK": "BLOCK_SIZE_K",
          "GROUP_M": "GROUP_SIZE_M"}
 MATMUL_INTS = "M N K stride_am stride_ak stride_bk stride_bn stride_cm stride_cn".split()
@@ -184,7 +184,7 @@ def matmul_specs(m: int, n: int, k: int, arch: str) -> tuple:
         out.append(compiler.Spec(tuple((rename(x), t) for x, t in sig.items()),
                                  tuple((rename(x), v) for x, v in {**cfg, "GROUP_M": 8, **extra}.items()), warps,
                                  stages, aligned=frozenset(map(rename, aligned)), ones=frozenset(map(rename, ones)),
-                                 arch=arch))
+                                 positive=frozenset(map(rename, values)), arch=arch))
     return tuple(out)
 
 
@@ -197,20 +197,21 @@ def test_tutorial_has_the_stdlib_matmul_pipeline(arch, m, n, k):
 
 
 def assert_same_pipeline(want, got):
-    """Two (source, kernel, spec) compile to the same cp.async, mma/wgmma and ldmatrix instructions, and the first
-    has a cp.async pipeline feeding the tensor cores."""
+    """Two (source, kernel, spec) compile to the same cp.async (or TMA), mma/wgmma and ldmatrix instructions, and the
+    first has a pipeline of copies feeding the tensor cores."""
     def tokens(text, kernel, spec):
         src = compiler.compile(syntax.parse(text, f"{kernel}.nk"), kernel, spec, until="cuda").cuda.source
         return collections.Counter(TOKENS.findall(src[src.index('extern "C"'):]))
     ref = tokens(*want)
-    assert ref["nk_cp_async<16>"] and any(t.startswith(("mma.sync", "wgmma.mma_async")) for t in ref)
+    assert (ref["nk_cp_async<16>"] or any(t.startswith("cp.async.bulk.tensor") for t in ref)) and \
+        any(t.startswith(("mma.sync", "wgmma.mma_async")) for t in ref)
     assert tokens(*got) == ref
 
 
 def tensor_core_sass(text, kernel, spec, arch) -> str:
-    """The kernel's SASS, checked to copy with cp.async (LDGSTS) into the tensor cores of the arch."""
+    """The kernel's SASS, checked to copy with cp.async (LDGSTS), or TMA on sm_90a, into the arch's tensor cores."""
     sass = nvrtc.disassemble(compiler.compile(syntax.parse(text, f"{kernel}.nk"), kernel, spec).binary.cubin)
-    assert "LDGSTS" in sass and ("HGMMA" if arch == "sm_90a" else "HMMA") in sass
+    assert ("UTMALDG" if arch == "sm_90a" else "LDGSTS") in sass and ("HGMMA" if arch == "sm_90a" else "HMMA") in sass
     return sass
 
 

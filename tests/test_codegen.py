@@ -40,20 +40,25 @@ class Spec:
     expect: frozenset = field(default_factory=frozenset)  # SASS opcodes (prefixes) that must appear
     aligned: frozenset = frozenset()  # parameters specialized as 16-byte aligned / multiples of 16
     ones: frozenset = frozenset()  # int parameters specialized as equal to 1
+    positive: frozenset = frozenset()  # int parameters specialized as above 0
     archs: tuple = ("sm_80", "sm_90a")  # what it is compiled for (a launch's configuration may fit only one)
 
     @property
     def id(self) -> str:
         return f"{self.file}.{self.kernel}-{self.label}"
 
+    def compiler(self, arch: str) -> compiler.Spec:
+        return compiler.Spec(self.sig, self.consts, self.num_warps, self.num_stages, aligned=self.aligned,
+                             ones=self.ones, positive=self.positive, arch=arch)
 
-def spec(file, kernel, label, sig, consts, num_warps, *expect, aligned=None, num_stages=1, ones=()):
+
+def spec(file, kernel, label, sig, consts, num_warps, *expect, aligned=None, num_stages=1, ones=(), positive=()):
     """`aligned` defaults to the pointers: what a launch with freshly allocated torch tensors specializes on
     (sizes such as 1000 are not multiples of 16)."""
     if aligned is None:
         aligned = [n for n, t in sig.items() if isinstance(t, Ptr)]
     return Spec(file, kernel, label, tuple(sig.items()), tuple(consts.items()), num_warps, num_stages, frozenset(expect),
-                frozenset(aligned), frozenset(ones))
+                frozenset(aligned), frozenset(ones), frozenset(positive))
 
 
 def add_sig(dt):
@@ -85,7 +90,8 @@ def matmul(kernel, label, dt, m, n, k, *expect, activation="none", transposed=Fa
         cfg = _matmul_config(m, n, k, dt.itemsize, arch)
         nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
         s = spec("matmul", kernel, f"{label}-{arch}", sig, {**cfg, "GROUP_M": 8, "ACTIVATION": activation}, nw,
-                 *expect, aligned=aligned, num_stages=ns, ones=[x for x, v in values.items() if v == 1])
+                 *expect, aligned=aligned, num_stages=ns, ones=[x for x, v in values.items() if v == 1],
+                 positive=[x for x, v in values.items() if v > 0])
         out.append(dataclasses.replace(s, archs=(arch,)))
     return out
 
@@ -103,6 +109,7 @@ def attention(label, dt, d, causal, bm, bn, warps, stages, *expect):
 
 
 MMA = ("sm_80:HMMA", "sm_80:LDSM", "sm_90a:HGMMA", "LDGSTS", "BAR.SYNC")
+TMA = ("sm_80:HMMA", "sm_80:LDSM", "sm_80:LDGSTS", "sm_90a:HGMMA", "sm_90a:UTMALDG", "sm_90a:SYNCS", "BAR.SYNC")
 
 
 def matmul_tma(label, dt, m, n, k) -> list:
@@ -115,7 +122,7 @@ def matmul_tma(label, dt, m, n, k) -> list:
         cfg = _matmul_config(m, n, k, dt.itemsize, arch)
         nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
         s = spec("matmul", "matmul_tma", f"{label}-{arch}", sig, {**cfg, "GROUP_M": 8}, nw, *expect, aligned=aligned,
-                 num_stages=ns)
+                 num_stages=ns, positive=values)
         out.append(dataclasses.replace(s, archs=(arch,)))
     return out
 
@@ -183,7 +190,7 @@ def launched(op: str, dt, shape: tuple, *expect_per_kernel, stride: int | None =
         label = f"{op}-{dt.name}-{rows}x{n}" + (f"-stride{stride}" if stride else "")
         file = Path(kernel.module.filename).stem
         out.append(Spec(file, kernel.name, label, s.sig, s.constexprs, s.num_warps, s.num_stages, frozenset(expect),
-                        frozenset(s.aligned), frozenset(s.ones)))
+                        frozenset(s.aligned), frozenset(s.ones), frozenset(s.positive)))
     return out
 
 
@@ -228,13 +235,15 @@ SPECS = [
     # f16: the transposed read is whole 8x8 matrices, one ldmatrix.trans each
     spec("transpose", "transpose", "f16", transpose_sig(f16), {"BM": 32, "BN": 32}, 4, "STS", "LDSM", "BAR.SYNC"),
     # the bench's shapes; an LLM decode shape; odd sizes (run-time checked copies); A transposed; tf32
-    *matmul("matmul", "f16-4096", f16, 4096, 4096, 4096, *MMA),  # on an A100, a 3-slot ring (163 KB)
-    *matmul("matmul", "bf16-4096", bf16, 4096, 4096, 4096, *MMA),
-    *matmul("matmul", "f16-16x4096", f16, 16, 4096, 4096, "HMMA", "LDSM", "LDGSTS"),  # 16 rows: below wgmma's 64
+    # row-major tiles with aligned rows: TMA copies on sm_90a (passes/pipeline.py reads the pointers as descriptors)
+    *matmul("matmul", "f16-4096", f16, 4096, 4096, 4096, *TMA),  # on an A100, a 3-slot ring (163 KB)
+    *matmul("matmul", "bf16-4096", bf16, 4096, 4096, 4096, *TMA),
+    *matmul("matmul", "f16-16x4096", f16, 16, 4096, 4096, "HMMA", "LDSM", "sm_80:LDGSTS", "sm_90a:UTMALDG"),  # 16 rows:
+    # below wgmma's 64
     *matmul("matmul", "f16-odd", f16, 1000, 1001, 100, *MMA),
-    *matmul("matmul", "f16-a-transposed", f16, 4096, 4096, 4096, *MMA, transposed=True),
-    *matmul("matmul", "f32-tf32", f32, 1024, 1024, 1024, "HMMA", "LDGSTS"),
-    *matmul("matmul_bias", "f16-gelu", f16, 4096, 4096, 4096, *MMA, activation="gelu"),
+    *matmul("matmul", "f16-a-transposed", f16, 4096, 4096, 4096, *MMA, "sm_90a:UTMALDG", transposed=True),  # B by TMA
+    *matmul("matmul", "f32-tf32", f32, 1024, 1024, 1024, "HMMA", "sm_80:LDGSTS", "sm_90a:UTMALDG"),
+    *matmul("matmul_bias", "f16-gelu", f16, 4096, 4096, 4096, *TMA, activation="gelu"),
     *matmul_tma("f16-4096", f16, 4096, 4096, 4096),
     # P stays in the registers S was computed in: mma.sync's A on sm_80, wgmma's on sm_90a (test_attention_p_...)
     attention("f16-d128", f16, 128, False, 128, 64, 8, 2, *MMA),
@@ -260,7 +269,7 @@ def stdlib_module(stem: str):
 @functools.lru_cache(maxsize=None)
 def generated(s: Spec, arch: str = "sm_90a"):
     module, path = stdlib_module(s.file)
-    spec = compiler.Spec(s.sig, s.consts, s.num_warps, s.num_stages, aligned=s.aligned, ones=s.ones, arch=arch)
+    spec = s.compiler(arch)
     return compiler.compile(module, s.kernel, spec, until="cuda").cuda
 
 
@@ -357,7 +366,7 @@ def test_attention_dots_on_tensor_cores(s):
     from newtc import ir
     module, _ = stdlib_module(s.file)
     for arch in ARCHS:
-        spec_ = compiler.Spec(s.sig, s.consts, s.num_warps, s.num_stages, aligned=s.aligned, ones=s.ones, arch=arch)
+        spec_ = s.compiler(arch)
         dots = [op for op in ir.walk(compiler.compile(module, s.kernel, spec_, until="ir").kernel.body)
                 if op.kind == "dot"]
         assert dots and all("mma" in op.attrs or "wgmma" in op.attrs for op in dots), (arch, len(dots))
@@ -376,7 +385,7 @@ def test_attention_p_stays_in_registers(d, dt):
     but the async copies; sm_80 keeps mma.sync, without spills (sm_90a's few: ATTENTION_SPILLING)."""
     from newtc import ir
     s80, s = attention_launched("attention_fwd", f"{dt.name}-d{d}", dt, d, d == 64)
-    spec_ = compiler.Spec(s.sig, s.consts, s.num_warps, s.num_stages, aligned=s.aligned, ones=s.ones, arch="sm_90a")
+    spec_ = s.compiler("sm_90a")
     kernel = compiler.compile(stdlib_module("attention")[0], s.kernel, spec_, until="ir").kernel
     loop = next(op for op in ir.walk(kernel.body) if op.kind == "for")
     body = list(ir.walk(loop.regions[0]))
@@ -694,7 +703,7 @@ def test_attention_dkdv_tiles_stored_once(d, arch):
     with no 2-D tile stored from registers in the loop (the inner loop had 7 stores and 8 barriers)."""
     from newtc import ir
     s = attention_launched("attention_bwd_dkdv", f"f16-d{d}", f16, d, False, archs=(arch,))[0]
-    spec_ = compiler.Spec(s.sig, s.consts, s.num_warps, s.num_stages, aligned=s.aligned, ones=s.ones, arch=arch)
+    spec_ = s.compiler(arch)
     kernel = compiler.compile(stdlib_module("attention")[0], s.kernel, spec_, until="ir").kernel
     *_, loop = [op for op in ir.walk(kernel.body) if op.kind == "for"]
     body = list(ir.walk(loop.regions[0]))

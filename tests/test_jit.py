@@ -475,6 +475,16 @@ def test_launch_source_compiles_and_keys_on_the_kinds(kinds):
     assert src.count("data_ptr()") == kinds.count("tensor")
 
 
+def test_ints_specialize_on_alignment_unity_and_sign():
+    """Each int argument's facts, as the launch key reads them: a multiple of 16, equal to 1, above 0 (TMA tensor maps
+    need sizes and strides so)."""
+    ints = dict(a=-16, b=0, c=1, d=5, e=32)
+    k = newtc.compile("kernel f(x, a, b, c, d, e):\n    store(x, a + b + c + d + e)\n", "f.nk").f
+    spec = k.specialize([torch.empty(1, dtype=torch.int32), *ints.values()], {})
+    assert (spec.aligned, spec.ones, spec.positive) == (("a", "b", "e", "x"), ("c",), ("c", "d", "e"))
+    assert all(f"{a} > 0" in jit.launch_source(("int",) * 5) for a in ("a0", "a4"))
+
+
 BAD_GRIDS = [(1, 1, 1, 1), (-1,), (), ("two",), 2**31, (2**31,), (1, 65536), (1000 / 1024,), (1.9,), (0.0,),
              (np.float64(3.0),), "12", (None,), lambda meta: (2.5,), lambda meta: "3"]
 

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import newtc
-from newtc import compiler, jit, layout, nvrtc, ops, syntax
+from newtc import compiler, ir, jit, layout, nvrtc, ops, syntax
+from newtc.types import Ptr, f16, i32
 from test_block_ptr import (TUTORIAL, assert_same_pipeline, cdiv, check_padded_row_sums, devices, matmul_specs,
                             tensor_core_sass)
 
@@ -234,6 +235,67 @@ def test_tma_boxes_are_the_shared_layout_element_by_element(shape, itemsize):
     assert layout.tma_boxes(layout.swizzled(shape, (0, 1), itemsize), itemsize) is None
 
 
+POINTER_MATMUL = """\
+kernel mm(a, b, c, M, N, K, sam, sak, sbk, sbn, BM: constexpr, BN: constexpr, BK: constexpr):
+    rm = program_id(0) * BM + arange(0, BM)
+    rn = program_id(1) * BN + arange(0, BN)
+    rk = arange(0, BK)
+    acc = zeros([BM, BN], f32)
+    for k in range(0, K, BK):
+        x = load(a + rm[:, None] * sam + (k + rk)[None, :] * sak, mask=(rm[:, None] < M) & ((k + rk)[None, :] < K),
+                 other=0)
+        y = load(b + (k + rk)[:, None] * sbk + rn[None, :] * sbn, mask=((k + rk)[:, None] < K) & (rn[None, :] < N),
+                 other=0)
+        acc = dot(x, y, acc)
+    store(c + rm[:, None] * N + rn[None, :], acc.to(f16), mask=(rm[:, None] < M) & (rn[None, :] < N))
+"""
+
+
+@pytest.mark.parametrize("change, maps, checks", [
+    ("", [0, 1], 0),
+    ("no K bound on A", [0, 1], 0),  # unmasked along K: A's map is as long as a start can reach
+    ("a mask on other values", [1], 0),  # not bounds: the mask is not what TMA checks
+    ("A transposed", [1], 0),  # its unit stride is along M
+    ("K start shifted", [1], 0),  # the loop computes (k - 1), which may be below 0: no run-time check can cover it
+    ("sizes not known positive", [], 0),
+    ("rows from a difference", [0, 1], 1),  # a start not proven at or above 0: checked once, before the loop
+    ("rows from a difference, bounded below", [0, 1], 0),  # `rm >= 0` in the mask: what TMA checks too
+])
+def test_pointer_tiles_load_with_tma_where_they_read_as_descriptors(change, maps, checks):
+    """On sm_90a a pointer load base + rows * stride + columns, masked by its bounds (or unmasked) on each axis, is the
+    tile of a descriptor (its maps as the descriptor kernel's), when the sizes and row stride are specialized above 0
+    and its starts are known to be at or above 0 (else checked at run time where the loop does not compute them)."""
+    text = POINTER_MATMUL
+    a_mask = "mask=(rm[:, None] < M) & ((k + rk)[None, :] < K)"
+    rows = ("rm = program_id(0) * BM", "rm = (program_id(0) - 1) * BM + BM")
+    edits = {"no K bound on A": [(a_mask, "mask=rm[:, None] < M")],
+             "a mask on other values": [(a_mask, a_mask + " & (rm[:, None] != (k + rk)[None, :])")],
+             "K start shifted": [("sam + (k + rk)", "sam + (k - 1 + rk)"),
+                                 (a_mask, a_mask.replace("k + rk", "k - 1 + rk"))],
+             "rows from a difference": [rows],
+             "rows from a difference, bounded below": [rows, ("mask=(rm[:, None] < M) &",
+                                                              "mask=(rm[:, None] >= 0) & (rm[:, None] < M) &")]}
+    for old, new in edits.get(change, []):
+        assert old in text
+        text = text.replace(old, new)
+    ints = ["M", "N", "K", "sam", "sak", "sbk", "sbn"]
+    sig = {"a": Ptr(f16), "b": Ptr(f16), "c": Ptr(f16), **{x: i32 for x in ints}}
+    spec = compiler.Spec.of(sig, dict(BM=128, BN=128, BK=64), num_warps=8, num_stages=3, arch="sm_90a",
+                            aligned=["a", "b", "c", "M", "N", "K", "sam", "sbk"],
+                            ones=["sbn"] + ([] if change == "A transposed" else ["sak"]),
+                            positive=[] if change == "sizes not known positive" else ints)
+    out = compiled(text, spec, kernel="mm")
+    assert [m["base"] for m in out.kernel.tmaps] == maps
+    assert sum(op.kind == "assert" for op in ir.walk(out.kernel.body)) == checks
+    if change == "no K bound on A":
+        assert out.kernel.tmaps[0]["dims"] == [["const", 2**31 - 1], ["arg", 3]]
+    ops = sass_ops(out)
+    assert bool(ops["UTMALDG"]) == bool(maps) and bool(ops["LDGSTS"]) == (len(maps) < 2) and ops["HGMMA"]
+    if not change:  # the descriptor kernel's maps: the same tiles of the same tensors
+        desc = compiled(MATMUL, descriptor_spec("sm_90a", 4096, 4096, 4096)).kernel.tmaps
+        assert [{**m, "base": 0} for m in out.kernel.tmaps[:1]] == [{**desc[0], "base": 0}]
+
+
 def padded(rows: int, cols: int, dtype, device, skew: int = 0) -> torch.Tensor:
     """A [rows, cols] view of random values inside a NaN-filled buffer with spare rows and columns (rows of a multiple
     of 16 elements unless skew): whatever a copy reads past the view's edge poisons the result."""
@@ -310,16 +372,20 @@ def test_the_launcher_encodes_each_tensor_map_from_the_arguments(monkeypatch):
 
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_stdlib_matmul_tma_matches_torch(device, dtype):
-    """stdlib/matmul.nk's descriptor kernel with ops' tile table, ragged shapes, NaN past every edge; on sm_90a its A and
-    B tiles are TMA copies (checked by compiling for sm_90a from the same arguments)."""
+@pytest.mark.parametrize("name", ["matmul_tma", "matmul"])
+def test_stdlib_matmul_tma_matches_torch(device, dtype, name):
+    """stdlib/matmul.nk's descriptor kernel, and its pointer kernel (ops.matmul's), with ops' tile table, ragged shapes,
+    NaN past every edge; on sm_90a their A and B tiles are TMA copies (checked by compiling for sm_90a from the same
+    arguments)."""
     shapes = [(40, 72, 56)] if device == "cpu" else [(1000, 1001, 100), (4096, 4096, 4096), (16, 4096, 4096),
                                                      (333, 200, 1000)]
-    kernel = ops._stdlib("matmul").matmul_tma
+    kernel = getattr(ops._stdlib("matmul"), name)
     for m, n, k in shapes:
         a, b, c = padded(m, k, dtype, device), padded(k, n, dtype, device), padded(m, n, dtype, device).fill_(math.nan)
         cfg = ops._matmul_config(m, n, k, 2, "sm_90a")
-        args, meta = (a, b, c, m, n, k, a.stride(0), b.stride(0), c.stride(0)), dict(GROUP_M=8, **cfg)
+        strides = (a.stride(0), b.stride(0), c.stride(0)) if name == "matmul_tma" else (*a.stride(), *b.stride(),
+                                                                                        *c.stride())
+        args, meta = (a, b, c, m, n, k, *strides), dict(GROUP_M=8, **cfg)
         out = kernel.output(args, meta, "cubin", "sm_90a")
         assert [t["base"] for t in out.kernel.tmaps] == [0, 1]
         assert "UTMALDG" in nvrtc.disassemble(out.binary.cubin)

@@ -22,6 +22,8 @@ from .axisinfo import analyze_axes
 from .lower import alloc, uses
 
 PURE = ir.ELEMENTWISE | ir.VIEWS | {"arange", "const", "convert", "slot"}
+UNBOUNDED = 2**31 - 1  # the size of an unmasked axis in a tensor map: no start below 2^31 reaches it
+LOW = {"const", "program_id", "num_programs", "add", "sub", "mul", "floordiv", "mod", "minimum", "maximum"}
 
 
 def zero(v: ir.Value | None, defs: dict) -> bool:
@@ -37,6 +39,7 @@ class Pipeliner:
         self.k = k
         self.stages = k.spec.num_stages
         self.defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
+        self.loops = {id(op.regions[0].params[0]): op for op in ir.walk(k.body) if op.kind == "for"}
 
     def depends_only_on(self, v: ir.Value, free: set, inside: set) -> bool:
         """v is computed by pure ops from values in `free` (the loop variable, inductions) and values from outside
@@ -116,25 +119,165 @@ class Pipeliner:
         return ("const", v) if type(v) is int else ("arg", at) if at is not None else \
             ("const", op.attrs["value"]) if op is not None and op.kind == "const" else None
 
-    def tma(self, store: ir.Op, load: ir.Op) -> dict | None:
-        """The attrs of a TMA copy for a descriptor load (sm_90, 2-D, zero padding; its base, shape and row stride
-        parameters or constants, the base and every row 16-byte aligned by the specialization, the ring's layout one
-        that TMA writes), its tensor map added to the kernel's; None keeps the cp.async copy."""
-        if "desc" not in load.attrs or not self.k.spec.arch.startswith("sm_90"):
+    def tma(self, store: ir.Op, load: ir.Op, inside: set, checks: list) -> dict | None:
+        """The attrs of a TMA copy for a descriptor load, or a pointer load that reads as one (`tile`): sm_90, 2-D,
+        zero padding; its base, shape and row stride parameters or constants, the sizes and stride above 0 and the base
+        and every row 16-byte aligned by the specialization, the ring's layout one that TMA writes. Its tensor map is
+        added to the kernel's, and to `checks` the run-time checks of starts not proven at or above 0 (a start the
+        loop computes must be proven); None keeps the cp.async copy."""
+        desc, unproven = (load.attrs["desc"], []) if "desc" in load.attrs else self.tile(load) or (None, [])
+        if desc is None or not self.k.spec.arch.startswith("sm_90") or \
+                any(not isinstance(v, ir.Value) or id(v) in inside for v in unproven):
             return None
-        base, shape, strides, _ = load.attrs["desc"]
+        base, shape, strides, _ = desc
         item = store.args[0].type.dtype.elem.itemsize
         boxes = tma_boxes(store.args[0].layout, item) if len(shape) == 2 else None
         refs = [self.ref(v) for v in (base, *shape, strides[0])]
 
         def aligned(r: tuple, unit: int) -> bool:
             return self.k.params[r[1]].name in self.k.spec.aligned if r[0] == "arg" else r[1] * unit % 16 == 0
-        if boxes is None or None in refs or refs[0][0] != "arg" or not aligned(refs[0], 1) or not aligned(refs[3], item):
+
+        def positive(r: tuple) -> bool:
+            return self.k.params[r[1]].name in self.k.spec.positive if r[0] == "arg" else r[1] > 0
+        if boxes is None or None in refs or refs[0][0] != "arg" or not aligned(refs[0], 1) \
+                or not aligned(refs[3], item) or not all(map(positive, refs[1:])):
             return None
+        load.attrs["desc"] = desc  # the copies of later iterations read its starts
+        for v in unproven:
+            ok, zero = ir.Value(Type((), bool_)), ir.Value(Type((), v.type.dtype))
+            checks += [ir.Op("const", [], [zero], {"value": 0}, load.span), ir.Op("ge", [v, zero], [ok], {}, load.span),
+                       ir.Op("assert", [ok, None], [], {"msg": "a tile that TMA reads starts below 0: add `index >= 0` "
+                                                           "to the load's mask"}, load.span)]
         mode, (height, width), at = boxes
         self.k.tmaps.append({"itemsize": item, "base": refs[0][1], "dims": [list(refs[2]), list(refs[1])],
                              "strides": [list(refs[3])], "box": [width, height], "swizzle": mode})  # as JSON reads it
         return {"map": len(self.k.tmaps) - 1, "boxes": at}
+
+    def low(self, v) -> int | None:
+        """A lower bound of an integer scalar (parameters are above 0 where the specialization says so, a loop variable
+        starts at its first value when the step is positive), or None."""
+        if type(v) is int or v is None:
+            return v
+        if v in self.k.params:
+            return 1 if v.name in self.k.spec.positive else None
+        if id(v) in self.loops:
+            lo, _, step = self.loops[id(v)].args[:3]
+            op = self.defs.get(id(step))
+            return self.low(lo) if op is not None and op.kind == "const" and op.attrs["value"] > 0 else None
+        op = self.defs.get(id(v))
+        if op is None or op.kind not in LOW:
+            return None
+        if op.kind == "const":
+            return op.attrs["value"]
+        if op.kind in ("program_id", "num_programs"):
+            return 0
+        a, b = (self.low(x) for x in (op.args + [None])[:2])
+        if op.kind == "sub":  # less a constant
+            c = self.defs.get(id(op.args[1]))
+            return a - c.attrs["value"] if a is not None and c is not None and c.kind == "const" else None
+        if op.kind == "maximum":
+            return max(x for x in (a, b) if x is not None) if (a, b) != (None, None) else None
+        if a is None or (b is None and op.kind != "mod") or a < 0:
+            return None
+        c = self.defs.get(id(op.args[1]))  # a constant divisor gives a bound above 0
+        return {"add": lambda: a + b, "mul": lambda: a * b if b >= 0 else None, "minimum": lambda: min(a, b),
+                "mod": lambda: 0,  # C's %: the sign of the dividend
+                "floordiv": lambda: (a // c.attrs["value"] if c is not None and c.kind == "const" else 0) if b > 0
+                else None}[op.kind]()
+
+    def tile(self, load: ir.Op) -> tuple | None:
+        """A 2-D pointer load read as a descriptor, (base, shape, strides, starts), and the starts to check at run
+        time: pointers base + (r0 + arange) * s + (c0 + arange) (s a parameter or constant, the column step 1), masked
+        by `r < M` and `c < N` (M, N parameters or constants) or not at all on an axis (a size TMA never reaches), are
+        what TMA's bounds check reads, given starts at or above 0: proven (`low`), or bounded by `r >= 0` in the mask
+        too, or else to be checked. None if the load is not such a tile."""
+        shape = load.result.type.shape
+        found = self.pointer(load.args[0]) if len(shape) == 2 else None
+        bounds = ([] if load.args[1] is None else self.bounds(load.args[1])) if found else None
+        if bounds is None:
+            return None
+        base, terms = found
+        axes = [[t for t in terms if t[0] == d] for d in range(2)]
+        if [len(a) for a in axes] != [1, 1]:
+            return None
+        (_, _, rows, s), (_, _, cols, unit) = axes[0][0], axes[1][0]
+        ats = (rows, cols)
+        if (unit is not None and (unit.facts is None or unit.facts.value != 1) and self.ref(unit) != ("const", 1)) \
+                or any(x != ats[axis] for _, axis, _, x in bounds) or \
+                len({(kind, axis) for kind, axis, *_ in bounds}) != len(bounds) or (rows[1], cols[1]) != shape:
+            return None
+        dims = tuple(next((b for kind, axis, b, _ in bounds if kind == "lt" and axis == d), UNBOUNDED) for d in range(2))
+        unproven = [at[0] for d, at in enumerate(ats) if ("ge", d) not in {(kind, axis) for kind, axis, *_ in bounds}
+                    and (self.low(at[0]) is None or self.low(at[0]) < 0)]
+        return (base, dims, (1 if s is None else s, 1), (rows[0], cols[0])), unproven
+
+    def pointer(self, v) -> tuple | None:
+        """base + offsets, as (the base scalar, [(axis, index value, (start, length), stride or None)])."""
+        op = self.defs.get(id(v))
+        if op is None:
+            return None
+        if op.kind == "splat" and not op.args[0].type.shape:
+            return op.args[0], []
+        if op.kind == "broadcast":
+            return self.pointer(op.args[0])
+        if op.kind == "ptradd":
+            inner, terms = self.pointer(op.args[0]), self.terms(op.args[1])
+            return (inner[0], inner[1] + terms) if inner and terms is not None else None
+        return None
+
+    def terms(self, v) -> list | None:
+        """An offset block as a sum of (axis, index, (start, length), stride or None): index vectors start + arange
+        along one axis, each times a scalar."""
+        op = self.defs.get(id(v))
+        if op is None:
+            return None
+        if op.kind == "broadcast":
+            return self.terms(op.args[0])
+        if op.kind == "add":
+            a, b = self.terms(op.args[0]), self.terms(op.args[1])
+            return a + b if a is not None and b is not None else None
+        if op.kind == "mul":
+            for x, y in (op.args, op.args[::-1]):
+                sc = self.defs.get(id(y))
+                t = self.terms(x)
+                if sc is not None and sc.kind == "splat" and t is not None and len(t) == 1 and t[0][3] is None:
+                    return [(*t[0][:3], sc.args[0])]
+            return None
+        if op.kind == "expand_dims" and len(op.args[0].type.shape) == 1 and len(op.result.type.shape) == 2:
+            at = self.index(op.args[0])
+            return [(1 - op.attrs["axis"], op.args[0], at, None)] if at else None
+        return None
+
+    def index(self, v) -> tuple | None:
+        """(start, length) of start + arange(0, length), start a scalar value or an int."""
+        op = self.defs.get(id(v))
+        if op is not None and op.kind == "arange":
+            return op.attrs["start"], op.attrs["end"] - op.attrs["start"]
+        if op is not None and op.kind == "add":
+            for x, y in (op.args, op.args[::-1]):
+                sc, ar = self.defs.get(id(x)), self.defs.get(id(y))
+                if sc is not None and sc.kind == "splat" and ar is not None and ar.kind == "arange" \
+                        and ar.attrs["start"] == 0:
+                    return sc.args[0], ar.attrs["end"]
+        return None
+
+    def bounds(self, m) -> list | None:
+        """A mask as a conjunction of ("lt", axis, bound, (start, length)) and ("ge", axis, 0, ...) terms."""
+        op = self.defs.get(id(m))
+        if op is None:
+            return None
+        if op.kind in ("and", "broadcast"):
+            parts = [self.bounds(a) for a in op.args]
+            return sum(parts, []) if None not in parts else None
+        if op.kind in ("lt", "ge"):
+            t, lim = self.terms(op.args[0]), self.defs.get(id(op.args[1]))
+            if t is None or len(t) != 1 or t[0][3] is not None or lim is None or lim.kind != "splat":
+                return None
+            bound = lim.args[0]
+            if op.kind == "ge" and self.ref(bound) != ("const", 0):
+                return None
+            return [(op.kind, t[0][0], bound, t[0][2])]
+        return None
 
     def candidates(self, body: ir.Region, free: set) -> list:
         inside = self.inside(body)
@@ -185,9 +328,9 @@ class Pipeliner:
                    and len(readers_of(body, u.result)) == 1 and yield_op.args.index(u.result) + 1
                    == body.params.index(u.args[2])] if s_count >= 3 else []
         ahead_by = s_count - 1 - (1 if lagging else 0)
-        plans = [self.tma(store, load) for store, load, _ in found]  # TMA where it applies, else cp.async
-        cp_async = not all(plans)
         before: list[ir.Op] = []
+        plans = [self.tma(store, load, inside, before) for store, load, _ in found]  # TMA where it applies
+        cp_async = not all(plans)
         bars = None
         if any(plans):  # one barrier per slot counts the bytes of all the slot's TMA copies
             b = alloc((s_count,), u64, None, span)
