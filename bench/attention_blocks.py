@@ -2,7 +2,7 @@
 `newtc.ops._attention_blocks` was chosen (bench/RESULTS.md). f16, newt only; prints the six fastest configs per
 kernel and case beside the one ops picks. Kernels compile in parallel threads first, then run one at a time.
 
-    python bench/attention_blocks.py [fwd,dq,dkdv]
+    python bench/attention_blocks.py [fwd,dq,dkdv] [causal|full]
 """
 import itertools
 import math
@@ -10,17 +10,19 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-CASES = [(4, 32, 4096, 128, False), (8, 16, 4096, 64, False)]
+CASES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (8, 16, 4096, 64, False)]
 SMEM = 220000  # bytes: configs whose tiles clearly overflow shared memory are not tried
 
 
-def run(kinds):
+def run(kinds, only: str | None = None):
     import torch
     from newtc import driver, ops
     from newtc.timing import time_ms
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     mod, arch, strides = ops._stdlib("attention"), driver.arch(0), ops._strides
     for b, h, n, d, causal in CASES:
+        if only is not None and causal != (only == "causal"):
+            continue
         q, k, v, g = (torch.randn(b, h, n, d, device="cuda", dtype=torch.half) for _ in range(4))
         scale = 1 / math.sqrt(d)
         o, lse = ops._attention_forward(q, k, v, causal, scale)
@@ -72,4 +74,4 @@ def run(kinds):
 
 
 if __name__ == "__main__":
-    run((sys.argv[1] if len(sys.argv) > 1 else "fwd,dq,dkdv").split(","))
+    run((sys.argv[1] if len(sys.argv) > 1 else "fwd,dq,dkdv").split(","), sys.argv[2] if len(sys.argv) > 2 else None)

@@ -639,14 +639,20 @@ def _arch(t: Tensor) -> str:
     return driver.arch(t.get_device()) if t.is_cuda else "sm_90a"
 
 
-def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a") -> dict:
+def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", sms: int = Gpu.sms) -> dict:
     """Tile sizes by shape (a small table until the autotuner picks them): the 128x256 tile with 8 warps
     (two warpgroups) and a 4-slot ring for large products (measured on an H200: 621 TFLOP/s at 4096^3 f16
-    against 504 with 3 slots, which leave asynchronous wgmma only one tile of prefetch); for few rows
-    (decoding), narrow tiles so that enough programs stream B, with a longer K step and a deeper ring to
-    keep each program's loads in flight. f32 (tf32) halves BK."""
+    against 504 with 3 slots, which leave asynchronous wgmma only one tile of prefetch). Few rows (decoding)
+    stream B from memory: the width whose programs fill the SMs in the fewest waves of columns (the wider on a
+    tie: A is read once per program), and up to 6 slots of 256 (else 128) K a step, for 150-200 KB of loads in
+    flight per SM (measured at 16x4096x4096 and 64x8192x8192: 1.2-1.26x the 4-slot ring of 128). f32 (tf32)
+    halves BK."""
+    smem_limit = smem.LIMIT.get(arch, 48 * 1024)
     if m <= 64:
-        cfg = dict(BM=max(16, _pow2(m)), BN=32, BK=128, num_warps=4, num_stages=4)
+        bm = max(16, _pow2(m))
+        bn = min((32, 64), key=lambda bn: (_cdiv(_cdiv(n, bn), sms) * bn, -bn))
+        bk = 256 if 6 * (bm + bn) * 256 * itemsize <= smem_limit else 128
+        cfg = dict(BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=6)
     elif m * n <= 512 * 512:
         cfg = dict(BM=64, BN=64, BK=64, num_warps=4, num_stages=4)
     else:
@@ -655,7 +661,7 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a") 
         cfg["BK"] //= 2
     cfg["BK"] = min(cfg["BK"], max(16, _pow2(k)))
     ring = (cfg["BM"] + cfg["BN"]) * cfg["BK"] * itemsize  # one slot of the A and B rings
-    cfg["num_stages"] = max(2, min(cfg["num_stages"], smem.LIMIT.get(arch, 48 * 1024) // ring))
+    cfg["num_stages"] = max(2, min(cfg["num_stages"], smem_limit // ring))
     return cfg
 
 
@@ -672,7 +678,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
     if m == 0 or n == 0:
         return c
-    cfg = _matmul_config(m, n, k, a.element_size(), _arch(a))
+    cfg = _matmul_config(m, n, k, a.element_size(), _arch(a), gpu(a.get_device()).sms)
     grid = (-(-m // cfg["BM"]) * -(-n // cfg["BN"]),)
     act = activation or "none"
     strides = (*a.stride(), *b.stride(), *c.stride())

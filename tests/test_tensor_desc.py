@@ -291,6 +291,8 @@ def test_pointer_tiles_load_with_tma_where_they_read_as_descriptors(change, maps
         assert out.kernel.tmaps[0]["dims"] == [["const", 2**31 - 1], ["arg", 3]]
     ops = sass_ops(out)
     assert bool(ops["UTMALDG"]) == bool(maps) and bool(ops["LDGSTS"]) == (len(maps) < 2) and ops["HGMMA"]
+    sass = nvrtc.disassemble(out.binary.cubin)  # the check traps: a call (an assert's) would serialize the wgmmas
+    assert "CALL" not in sass and sass.count("WARPGROUP.ARRIVE") < ops["HGMMA"] and ("TRAP" in sass) == bool(checks)
     if not change:  # the descriptor kernel's maps: the same tiles of the same tensors
         desc = compiled(MATMUL, descriptor_spec("sm_90a", 4096, 4096, 4096)).kernel.tmaps
         assert [{**m, "base": 0} for m in out.kernel.tmaps[:1]] == [{**desc[0], "base": 0}]

@@ -306,9 +306,11 @@ class Codegen:
 
 
 def device_assert(cg: Codegen, op: ir.Op) -> None:
-    """__assertfail prints `file.nk:line: kernel: block [..], thread [..] Assertion `msg` failed.` and traps."""
+    """__assertfail prints `file.nk:line: kernel: block [..], thread [..] Assertion `msg` failed.` and traps. A check
+    the compiler adds only traps: a call in the kernel makes ptxas serialize every wgmma."""
     cond, mask = op.args
-    fail = f'__assertfail({cexpr.cstring(op.attrs["msg"])}, "{cg.file_literal}", {op.span.line}, "{cg.k.name}", 1);'
+    fail = 'asm volatile("trap;");' if op.attrs.get("trap") else \
+        f'__assertfail({cexpr.cstring(op.attrs["msg"])}, "{cg.file_literal}", {op.span.line}, "{cg.k.name}", 1);'
     conds = cg.regs(cond) if cond.type.shape else [cg.scalar(cond)]
     masks = (cg.regs(mask) if mask.type.shape else [cg.scalar(mask)]) if mask is not None else [""] * len(conds)
     cg.emit_all([f"if ({m + ' && ' if m else ''}!{c}) {fail}" for c, m in zip(conds, masks)], per_line=1)

@@ -147,7 +147,7 @@ class Pipeliner:
             ok, zero = ir.Value(Type((), bool_)), ir.Value(Type((), v.type.dtype))
             checks += [ir.Op("const", [], [zero], {"value": 0}, load.span), ir.Op("ge", [v, zero], [ok], {}, load.span),
                        ir.Op("assert", [ok, None], [], {"msg": "a tile that TMA reads starts below 0: add `index >= 0` "
-                                                           "to the load's mask"}, load.span)]
+                                                           "to the load's mask", "trap": True}, load.span)]
         mode, (height, width), at = boxes
         self.k.tmaps.append({"itemsize": item, "base": refs[0][1], "dims": [list(refs[2]), list(refs[1])],
                              "strides": [list(refs[3])], "box": [width, height], "swizzle": mode})  # as JSON reads it
