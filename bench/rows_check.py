@@ -5,8 +5,9 @@
 With no points, the sweep's weak ones (bench/RESULTS.md) and their neighbours: shapes of at most a program
 per SM (bound by latency), and many long rows (the norms' moment pass). For each point: the model's plan
 (`newtc.ops.plan`), the other whole-row warps and rows per program of its block, looped plans of 4-32 warps
-and 8 or 16 elements a step, split plans of a few chunk counts (up to 1024 rows), then Triton's best and
-torch. Each is checked against torch in f32 before it is timed (bench_sweep.timed: do_bench, L2 flushed).
+and 8 or 16 elements a step, split plans of 4-16 warps and a few chunk counts, one wave and more (up to 1024
+rows), then Triton's best and torch. Each is checked against torch in f32 before it is timed (bench_sweep.timed:
+do_bench, L2 flushed).
 With $OUT set: rows_check.md and rows_check.json.
 """
 from __future__ import annotations
@@ -39,9 +40,9 @@ def alternatives(ops, op: str, m: int, n: int, s: int) -> list:
     for warps in (4, 8, 16, 32):
         for elems in (8, 16):  # per thread in each block of the loop
             out.append((f"looped w{warps} e{elems}", ops.Plan("looped", elems * 32 * warps, warps)))
-    for warps in (8, 16) if m <= 1024 else ():
+    for warps in (4, 8, 16) if m <= 1024 else ():
         block = ops.LOOP_ELEMS * 32 * warps
-        for parts in (2, 8, 32):
+        for parts in (2, 4, 8, 32):
             chunk = ops._cdiv(ops._cdiv(n, parts), block) * block
             if ops._cdiv(n, chunk) >= 2:
                 out.append((f"split w{warps} p{ops._cdiv(n, chunk)}",

@@ -48,12 +48,13 @@ def _cdiv(a: int, b: int) -> int:
 # with b bytes of loads in flight moves b / LATENCY bytes per second, up to its share of DRAM bandwidth,
 # so a configuration is judged by what it keeps in flight per SM: the programs resident on an SM
 # (occupancy, from warps and registers) times the bytes each has in flight (a whole row block, or one
-# block of a loop). Three shapes of program cover every shape of input:
+# block of a loop), less the time its programs all wait at once (REDUCE). Three shapes of program cover
+# every shape of input:
 # - whole rows: ROWS rows of up to BLOCK columns in registers; one read, one write. BLOCK is a power of
 #   two, so a row of 5120 holds 8192 lanes: the masked lanes cost registers (occupancy) but no bytes;
 # - looped: one program per row, a pass for the statistics, a pass to write. The second pass reads from
 #   L2 what the rows in flight fit into it, and from DRAM the rest;
-# - split: few long rows cut into chunks, one program per chunk, and a second kernel (LAUNCH) that
+# - split: few long rows cut into chunks, at most a wave of programs, and a second kernel (LAUNCH) that
 #   merges each row's partial statistics and writes; its reads hit L2 as far as the input fits there.
 # Every candidate of the three is timed by the model and the preferred one within TOLERANCE of the
 # fastest wins. The constants are an H200's; only their ratios matter between candidates.
@@ -74,9 +75,10 @@ MAX_ROW = {"softmax": 32768, "cross_entropy": 32768, "norm": 16384}  # widest ro
 MAX_PARTS = 1024  # chunks per row in a split plan
 TOLERANCE = 1.03  # a preferred candidate within 3% of the fastest wins: the model ranks, it does not measure
 TRAFFIC = {"softmax": 2, "norm": 2, "cross_entropy": 1}  # row passes to DRAM at best: read + write, or read
-REDUCE = 0.6  # a program's reductions, in units of its loading time. A program that stores no rows leaves its
-# SM's memory idle through them unless another is loading meanwhile (measured on an H200: cross-entropy with
-# 64 KB rows in registers, one program per SM, ran at 0.61x of the looped kernel); stores overlap them
+REDUCE = 0.6  # a program's reductions and waits between loads, in units of its loading time: its SM's memory
+# idles through them unless another program is loading meanwhile (measured on an H200: cross-entropy with 64 KB
+# rows in registers, one program per SM, ran at 0.61x of the looped kernel; a split plan of 128 rows of 32768 f32,
+# a wave of four programs per SM started at once, took 1.7-1.8x what its bytes in flight allow)
 
 
 @dataclass(frozen=True)
@@ -112,11 +114,17 @@ def seconds(g: Gpu, programs: int, per_sm: int, in_flight: int, dram: float, l2:
             stores: bool = True) -> float:
     """The time of one kernel of `programs` equal programs, up to `per_sm` of them resident per SM, each
     with `in_flight` bytes of loads outstanding, moving `dram` bytes from DRAM and `l2` from L2: full waves
-    of programs, then the last, part-full one. Without `stores`, an SM's memory idles through a lone
-    program's reductions (REDUCE)."""
+    of programs, then the last, part-full one. With `stores`, each program ends by storing its rows, which
+    the next program's loads overlap. Without (a loop, whose stores do not cover the waits between its
+    steps, or cross-entropy), an SM's memory idles through its programs' reductions and waits (REDUCE)
+    unless another program on it is loading meanwhile: programs that start apart, as in a launch of several
+    waves, do; a lone program per SM has none; the programs of a launch that fits in one wave start at once
+    and run the same steps, so they wait together."""
+    together = programs <= g.sms * per_sm
+
     def rate(n: int) -> float:  # bytes/s of n programs running at once
         on_sm = min(per_sm, _cdiv(n, g.sms))
-        busy = 1.0 if stores else min(1.0, on_sm / (1 + REDUCE))
+        busy = 1.0 if stores else 1 / (1 + REDUCE) if together else min(1.0, on_sm / (1 + REDUCE))
         share = SM_BANDWIDTH if n >= g.sms else min(SM_PEAK, g.sms * SM_BANDWIDTH / n)  # idle SMs leave more
         return min(n, g.sms) * busy * min(share, on_sm * in_flight / LATENCY)
 
@@ -168,9 +176,9 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
 
 def _looped(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu):
     """One program per row, fewest warps first. More warps mean fewer rows in flight, so more of the
-    second pass hits L2; but between its passes a program reduces and loads nothing, so a lone program per SM
-    leaves its memory idle there (REDUCE; measured on an H200: rows of 50257 f32 ran at 44% of copy with one
-    32-warp program per SM, 62-65% with two of 16 warps)."""
+    second pass hits L2; but between its steps a program reduces and waits, so a lone program per SM, or
+    programs started together, leave its memory idle there (REDUCE; measured on an H200: rows of 50257 f32 ran
+    at 44% of copy with one 32-warp program per SM, 62-65% with two of 16 warps)."""
     row_bytes = n_cols * itemsize
     for warps in (4, 8, 16, 32):
         block = LOOP_ELEMS * 32 * warps
@@ -185,8 +193,10 @@ def _looped(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu)
 
 
 def _split(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu):
-    """Chunks of a row on their own programs, fewest chunks first. The second kernel re-reads the input
-    (in reverse order: what L2 still holds first), or for cross-entropy only the partial statistics."""
+    """Chunks of a row on their own programs, fewest chunks first, up to one wave of programs: a split fills
+    SMs that whole rows leave idle, and beyond a wave every SM is full. The second kernel re-reads the input
+    (in reverse order: what L2 still holds first), or for cross-entropy only the partial statistics. Both
+    kernels loop over their chunks, and a launch of one wave starts its programs together (`seconds`)."""
     total = n_rows * n_cols * itemsize
     hit = min(1.0, L2_SHARE * g.l2_bytes / total)
     for warps in (4, 8, 16):
@@ -197,13 +207,14 @@ def _split(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu):
             chunk = _cdiv(_cdiv(n_cols + lead, parts), block) * block
             actual = _cdiv(n_cols + lead, chunk)
             parts *= 2
-            if actual < 2 or actual == seen:  # no split left, or the same chunks as the last candidate's
-                break
+            if actual < 2 or actual == seen or actual * n_rows > g.sms * per_sm:  # no split left, the same
+                break  # chunks as the last candidate's, or more than a wave: the GPU is full already
             seen = actual
             programs = actual * n_rows
             t = LAUNCH + seconds(g, programs, per_sm, block * itemsize, total, stores=False)
             if op != "cross_entropy":
-                t += seconds(g, programs, per_sm, block * itemsize, total * (1 - hit) + total, total * hit)
+                t += seconds(g, programs, per_sm, block * itemsize, total * (1 - hit) + total, total * hit,
+                             stores=False)
             yield Plan("split", block, warps, parts=actual, chunk=chunk, seconds=t)
 
 

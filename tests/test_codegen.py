@@ -651,6 +651,17 @@ def test_masked_vector_load_fills_then_loads():
     assert "} else {" not in body
 
 
+def test_64_bit_indices_keep_vector_groups():
+    """On a tensor of 2 GiB or more every index is i64, and the block's i32 offsets are widened: the widening
+    keeps what is known of them, so the loop still loads whole proven groups (no per-element run-time check)."""
+    s = by_id(CE_LOOPED)
+    sig = tuple((n, i64 if t == i32 else t) for n, t in s.sig)
+    spec = compiler.Spec(sig, s.consts, s.num_warps, s.num_stages, aligned=s.aligned, ones=s.ones, idx64=True)
+    body = loop_body(compiler.compile(stdlib_module(s.file)[0], s.kernel, spec, until="cuda").cuda.source)
+    assert "long long" in body and re.search(r"u\.e\[7\] = [^;]+; if \([^)]+\) u\.w = \*", body), body[:2000]
+    assert "} else {" not in body
+
+
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_parameters_named_like_cpp_keywords_and_cuda_functions_compile(arch):

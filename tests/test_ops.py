@@ -251,6 +251,26 @@ def test_plan_shapes_the_launch_to_the_input():
     assert small.parts < ops.plan("cross_entropy", 8, 128256, 2, False, g).parts
 
 
+@pytest.mark.parametrize("op", ["softmax", "cross_entropy", "norm"])
+def test_split_only_where_rows_leave_sms_idle(op):
+    """Cutting rows into chunks pays a second kernel and a round of partial statistics to fill SMs that whole rows
+    would leave idle: a row per SM already fills the GPU (128 rows of 32768 or wider), and a row far wider
+    than one SM can stream still spreads over many. A split never takes more than a wave of programs: then every
+    SM is full already, and more chunks only add programs and partials."""
+    g = Gpu()
+    for itemsize in (4, 2):
+        for n in (32768, 65536, 262144):
+            assert ops.plan(op, g.sms, n, itemsize, False, g).kind != "split"
+            assert ops.plan(op, 128, n, itemsize, False, g).kind != "split"
+        for rows, n in ((1, 65536), (1, 262144), (8, 262144)):
+            assert ops.plan(op, rows, n, itemsize, False, g).kind == "split"
+        for rows in ROWS:
+            for n in WIDTHS:
+                p = ops.plan(op, rows, n, itemsize, False, g)
+                assert p.kind != "split" or p.parts * rows <= g.sms * ops.resident(g, p.warps, ops.registers(
+                    ops.LOOP_ELEMS))
+
+
 def test_seconds_follows_littles_law():
     g = Gpu()
     full = ops.seconds(g, 132, 1, 64 * 1024, 1e9)
@@ -261,9 +281,11 @@ def test_seconds_follows_littles_law():
     assert ops.seconds(g, 66, 1, 96 * 1024, 1e9) == pytest.approx(full)
     assert ops.seconds(g, 66, 1, 16 * 1024, 1e9) == pytest.approx(2 * small)
     assert ops.seconds(g, 133, 1, 64 * 1024, 1e9) > full  # a second, nearly empty wave
-    # a lone program with nothing to store leaves memory idle through its reductions; a second one fills it
+    # a lone program with nothing to store leaves memory idle through its reductions; a second one fills it,
+    # unless both started at once (a launch of one wave): then they wait together, as one program would
     assert ops.seconds(g, 132, 1, 64 * 1024, 1e9, stores=False) == pytest.approx(full * (1 + ops.REDUCE))
-    assert ops.seconds(g, 264, 2, 64 * 1024, 2e9, stores=False) == pytest.approx(2 * full)
+    assert ops.seconds(g, 4 * 264, 2, 64 * 1024, 8e9, stores=False) == pytest.approx(8 * full)
+    assert ops.seconds(g, 264, 2, 64 * 1024, 2e9, stores=False) == pytest.approx(2 * full * (1 + ops.REDUCE))
 
 
 # ---- the bound (cached) path on the GPU --------------------------------------------------------------

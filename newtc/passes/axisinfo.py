@@ -30,6 +30,12 @@ def elem_bytes(v: ir.Value) -> int:
     return dt.elem.itemsize if isinstance(dt, Ptr) else 1
 
 
+def _widens(src, dst) -> bool:
+    """An integer cast that keeps every value: to as many bits or more, signed only from signed or from fewer bits."""
+    return src.is_int and dst.is_int and (dst.bits > src.bits if src.kind != dst.kind else dst.bits >= src.bits) \
+        and not (src.kind == "i" and dst.kind == "u")
+
+
 def _zip(f, a: Facts, b: Facts) -> tuple:
     return tuple(f(*t) for t in zip(a.contig, a.div, a.const, b.contig, b.div, b.const))
 
@@ -106,7 +112,9 @@ def infer(op: ir.Op) -> Facts:
         return Facts(tuple(f.contig[p] for p in perm), tuple(f.div[p] for p in perm), tuple(f.const[p] for p in perm),
                      f.value)
     if kind in ("cast", "not") and op.args[0].type.dtype.kind != "f" and res.type.dtype.kind != "f":
-        f = facts(op.args[0])
+        f, src, dst = facts(op.args[0]), op.args[0].type.dtype, res.type.dtype
+        if kind == "cast" and _widens(src, dst):  # the same values (i32 offsets as i64 on tensors of 2 GiB and up)
+            return f
         return Facts((1,) * rank, (1,) * rank, f.const)
     if kind in RULES:
         return RULES[kind](op, facts(op.args[0]), facts(op.args[1]))
