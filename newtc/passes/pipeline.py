@@ -119,12 +119,12 @@ class Pipeliner:
         return ("const", v) if type(v) is int else ("arg", at) if at is not None else \
             ("const", op.attrs["value"]) if op is not None and op.kind == "const" else None
 
-    def tma(self, store: ir.Op, load: ir.Op, inside: set, checks: list) -> dict | None:
+    def tma(self, store: ir.Op, load: ir.Op, inside: set, checks: list, runs: ir.Value) -> dict | None:
         """The attrs of a TMA copy for a descriptor load, or a pointer load that reads as one (`tile`): sm_90, 2-D,
         zero padding; its base, shape and row stride parameters or constants, the sizes and stride above 0 and the base
         and every row 16-byte aligned by the specialization, the ring's layout one that TMA writes. Its tensor map is
-        added to the kernel's, and to `checks` the run-time checks of starts not proven at or above 0 (a start the
-        loop computes must be proven); None keeps the cp.async copy."""
+        added to the kernel's, and to `checks` the run-time checks of starts not proven at or above 0, for a loop that
+        `runs` (a start the loop computes must be proven); None keeps the cp.async copy."""
         desc, unproven = (load.attrs["desc"], []) if "desc" in load.attrs else self.tile(load) or (None, [])
         if desc is None or not self.k.spec.arch.startswith("sm_90") or \
                 any(not isinstance(v, ir.Value) or id(v) in inside for v in unproven):
@@ -144,10 +144,11 @@ class Pipeliner:
             return None
         load.attrs["desc"] = desc  # the copies of later iterations read its starts
         for v in unproven:
-            ok, zero = ir.Value(Type((), bool_)), ir.Value(Type((), v.type.dtype))
-            checks += [ir.Op("const", [], [zero], {"value": 0}, load.span), ir.Op("ge", [v, zero], [ok], {}, load.span),
-                       ir.Op("assert", [ok, None], [], {"msg": "a tile that TMA reads starts below 0: add `index >= 0` "
-                                                           "to the load's mask", "trap": True}, load.span)]
+            zero = self.const(checks, 0, v.type.dtype, load.span)
+            ok = self.scalar(checks, "or", [self.scalar(checks, "ge", [v, zero], bool_, load.span),
+                                            self.scalar(checks, "not", [runs], bool_, load.span)], bool_, load.span)
+            msg = "a tile that TMA reads starts below 0: add `index >= 0` to the load's mask"
+            checks.append(ir.Op("assert", [ok, None], [], {"msg": msg, "trap": True}, load.span))
         mode, (height, width), at = boxes
         self.k.tmaps.append({"itemsize": item, "base": refs[0][1], "dims": [list(refs[2]), list(refs[1])],
                              "strides": [list(refs[3])], "box": [width, height], "swizzle": mode})  # as JSON reads it
@@ -206,7 +207,8 @@ class Pipeliner:
                 or any(x != ats[axis] for _, axis, _, x in bounds) or \
                 len({(kind, axis) for kind, axis, *_ in bounds}) != len(bounds) or (rows[1], cols[1]) != shape:
             return None
-        dims = tuple(next((b for kind, axis, b, _ in bounds if kind == "lt" and axis == d), UNBOUNDED) for d in range(2))
+        dims = tuple(next((b for kind, axis, b, _ in bounds if kind == "lt" and axis == d), UNBOUNDED)
+                     for d in range(2))
         unproven = [at[0] for d, at in enumerate(ats) if ("ge", d) not in {(kind, axis) for kind, axis, *_ in bounds}
                     and (self.low(at[0]) is None or self.low(at[0]) < 0)]
         return (base, dims, (1 if s is None else s, 1), (rows[0], cols[0])), unproven
@@ -329,7 +331,8 @@ class Pipeliner:
                    == body.params.index(u.args[2])] if s_count >= 3 else []
         ahead_by = s_count - 1 - (1 if lagging else 0)
         before: list[ir.Op] = []
-        plans = [self.tma(store, load, inside, before) for store, load, _ in found]  # TMA where it applies
+        runs = self.scalar(before, "gt" if down else "lt", [lo, hi], bool_, span)  # (unread unless a start is checked)
+        plans = [self.tma(store, load, inside, before, runs) for store, load, _ in found]  # TMA where it applies
         cp_async = not all(plans)
         bars = None
         if any(plans):  # one barrier per slot counts the bytes of all the slot's TMA copies
