@@ -201,7 +201,7 @@ class Pipeliner:
         axes = [[t for t in terms if t[0] == d] for d in range(2)]
         if [len(a) for a in axes] != [1, 1]:
             return None
-        (_, _, rows, s), (_, _, cols, unit) = axes[0][0], axes[1][0]
+        (_, rows, s), (_, cols, unit) = axes[0][0], axes[1][0]
         ats = (rows, cols)
         if (unit is not None and (unit.facts is None or unit.facts.value != 1) and self.ref(unit) != ("const", 1)) \
                 or any(x != ats[axis] for _, axis, _, x in bounds) or \
@@ -214,7 +214,7 @@ class Pipeliner:
         return (base, dims, (1 if s is None else s, 1), (rows[0], cols[0])), unproven
 
     def pointer(self, v) -> tuple | None:
-        """base + offsets, as (the base scalar, [(axis, index value, (start, length), stride or None)])."""
+        """base + offsets, as (the base scalar, [(axis, (start, length), stride or None)])."""
         op = self.defs.get(id(v))
         if op is None:
             return None
@@ -228,8 +228,8 @@ class Pipeliner:
         return None
 
     def terms(self, v) -> list | None:
-        """An offset block as a sum of (axis, index, (start, length), stride or None): index vectors start + arange
-        along one axis, each times a scalar."""
+        """An offset block as a sum of (axis, (start, length), stride or None): index vectors start + arange along
+        one axis, each times a scalar."""
         op = self.defs.get(id(v))
         if op is None:
             return None
@@ -242,12 +242,12 @@ class Pipeliner:
             for x, y in (op.args, op.args[::-1]):
                 sc = self.defs.get(id(y))
                 t = self.terms(x)
-                if sc is not None and sc.kind == "splat" and t is not None and len(t) == 1 and t[0][3] is None:
-                    return [(*t[0][:3], sc.args[0])]
+                if sc is not None and sc.kind == "splat" and t is not None and len(t) == 1 and t[0][2] is None:
+                    return [(*t[0][:2], sc.args[0])]
             return None
         if op.kind == "expand_dims" and len(op.args[0].type.shape) == 1 and len(op.result.type.shape) == 2:
             at = self.index(op.args[0])
-            return [(1 - op.attrs["axis"], op.args[0], at, None)] if at else None
+            return [(1 - op.attrs["axis"], at, None)] if at else None
         return None
 
     def index(self, v) -> tuple | None:
@@ -273,12 +273,12 @@ class Pipeliner:
             return sum(parts, []) if None not in parts else None
         if op.kind in ("lt", "ge"):
             t, lim = self.terms(op.args[0]), self.defs.get(id(op.args[1]))
-            if t is None or len(t) != 1 or t[0][3] is not None or lim is None or lim.kind != "splat":
+            if t is None or len(t) != 1 or t[0][2] is not None or lim is None or lim.kind != "splat":
                 return None
             bound = lim.args[0]
             if op.kind == "ge" and self.ref(bound) != ("const", 0):
                 return None
-            return [(op.kind, t[0][0], bound, t[0][2])]
+            return [(op.kind, t[0][0], bound, t[0][1])]
         return None
 
     def candidates(self, body: ir.Region, free: set) -> list:
