@@ -48,7 +48,7 @@ def _cdiv(a: int, b: int) -> int:
 # with b bytes of loads in flight moves b / LATENCY bytes per second, up to its share of DRAM bandwidth,
 # so a configuration is judged by what it keeps in flight per SM: the programs resident on an SM
 # (occupancy, from warps and registers) times the bytes each has in flight (a whole row block, or one
-# block of a loop), less the time its programs all wait at once (REDUCE). Three shapes of program cover
+# block of a loop), less the time its programs all wait at once (WAIT). Three shapes of program cover
 # every shape of input:
 # - whole rows: ROWS rows of up to BLOCK columns in registers; one read, one write. BLOCK is a power of
 #   two, so a row of 5120 holds 8192 lanes: the masked lanes cost registers (occupancy) but no bytes;
@@ -75,10 +75,12 @@ MAX_ROW = {"softmax": 32768, "cross_entropy": 32768, "norm": 16384}  # widest ro
 MAX_PARTS = 1024  # chunks per row in a split plan
 TOLERANCE = 1.03  # a preferred candidate within 3% of the fastest wins: the model ranks, it does not measure
 TRAFFIC = {"softmax": 2, "norm": 2, "cross_entropy": 1}  # row passes to DRAM at best: read + write, or read
-REDUCE = 0.6  # a program's reductions and waits between loads, in units of its loading time: its SM's memory
-# idles through them unless another program is loading meanwhile (measured on an H200: cross-entropy with 64 KB
-# rows in registers, one program per SM, ran at 0.61x of the looped kernel; a split plan of 128 rows of 32768 f32,
-# a wave of four programs per SM started at once, took 1.7-1.8x what its bytes in flight allow)
+WAIT = 0.7e-6  # seconds a program reduces and waits after each step of loads, whatever the step's size: its SM's
+# memory idles through it unless another program is loading meanwhile, so a step of more bytes idles a smaller part of
+# its time. Measured on an H200, each 0.65-0.78 us: rmsnorm and layer norm f32 128x32768, one program per SM, 2.6-2.7 us
+# faster at 32 warps (4 steps) than at 16 (8 steps); rows of 50257 f32 at 0.68-0.71x with one 32-warp program per SM
+# of two 16-warp ones; a split of 128 rows of 32768 f32, four 8-warp programs per SM started at once, 1.7-1.8x what
+# its bytes in flight allow
 
 
 @dataclass(frozen=True)
@@ -116,16 +118,17 @@ def seconds(g: Gpu, programs: int, per_sm: int, in_flight: int, dram: float, l2:
     with `in_flight` bytes of loads outstanding, moving `dram` bytes from DRAM and `l2` from L2: full waves
     of programs, then the last, part-full one. With `stores`, each program ends by storing its rows, which
     the next program's loads overlap. Without (a loop, whose stores do not cover the waits between its
-    steps, or cross-entropy), an SM's memory idles through its programs' reductions and waits (REDUCE)
-    unless another program on it is loading meanwhile: programs that start apart, as in a launch of several
+    steps, or cross-entropy), an SM's memory idles through its programs' reductions and waits (WAIT after
+    each step) unless another program on it is loading meanwhile: programs that start apart, as in a launch of several
     waves, do; a lone program per SM has none; the programs of a launch that fits in one wave start at once
     and run the same steps, so they wait together."""
     together = programs <= g.sms * per_sm
 
     def rate(n: int) -> float:  # bytes/s of n programs running at once
         on_sm = min(per_sm, _cdiv(n, g.sms))
-        busy = 1.0 if stores else 1 / (1 + REDUCE) if together else min(1.0, on_sm / (1 + REDUCE))
         share = SM_BANDWIDTH if n >= g.sms else min(SM_PEAK, g.sms * SM_BANDWIDTH / n)  # idle SMs leave more
+        step = max(LATENCY, in_flight / share)  # a program's step of loads, which its wait follows
+        busy = 1.0 if stores else step / (step + WAIT) if together else min(1.0, on_sm * step / (step + WAIT))
         return min(n, g.sms) * busy * min(share, on_sm * in_flight / LATENCY)
 
     full, last = divmod(programs, g.sms * per_sm)
@@ -177,7 +180,7 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
 def _looped(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu):
     """One program per row, fewest warps first. More warps mean fewer rows in flight, so more of the
     second pass hits L2; but between its steps a program reduces and waits, so a lone program per SM, or
-    programs started together, leave its memory idle there (REDUCE; measured on an H200: rows of 50257 f32 ran
+    programs started together, leave its memory idle there (WAIT; measured on an H200: rows of 50257 f32 ran
     at 44% of copy with one 32-warp program per SM, 62-65% with two of 16 warps)."""
     row_bytes = n_cols * itemsize
     for warps in (4, 8, 16, 32):

@@ -283,9 +283,25 @@ def test_seconds_follows_littles_law():
     assert ops.seconds(g, 133, 1, 64 * 1024, 1e9) > full  # a second, nearly empty wave
     # a lone program with nothing to store leaves memory idle through its reductions; a second one fills it,
     # unless both started at once (a launch of one wave): then they wait together, as one program would
-    assert ops.seconds(g, 132, 1, 64 * 1024, 1e9, stores=False) == pytest.approx(full * (1 + ops.REDUCE))
+    idle = 1 + ops.WAIT * ops.SM_BANDWIDTH / (64 * 1024)  # a wait after each step of 64 KB at the SM's share
+    assert ops.seconds(g, 132, 1, 64 * 1024, 1e9, stores=False) == pytest.approx(full * idle)
     assert ops.seconds(g, 4 * 264, 2, 64 * 1024, 8e9, stores=False) == pytest.approx(8 * full)
-    assert ops.seconds(g, 264, 2, 64 * 1024, 2e9, stores=False) == pytest.approx(2 * full * (1 + ops.REDUCE))
+    assert ops.seconds(g, 264, 2, 64 * 1024, 2e9, stores=False) == pytest.approx(2 * full * idle)
+
+
+def test_a_wait_per_step_favors_bigger_steps_only_for_lone_programs():
+    """A program waits about as long after each step of loads whatever the step moved, so a lone program per SM
+    idles less with bigger steps (more warps), while two programs per SM cover each other's waits and keep more of
+    the second pass in L2 than one program of twice the warps."""
+    g = Gpu()
+    ideal = [ops.seconds(g, 132, 1, step, 1e9) for step in (16384, 32768, 65536)]
+    idle = [ops.seconds(g, 132, 1, step, 1e9, stores=False) / t for step, t in zip((16384, 32768, 65536), ideal)]
+    assert idle[0] > idle[1] > idle[2] > 1
+    for op in ("norm", "softmax", "cross_entropy"):
+        assert ops.plan(op, 128, 65536, 4, False, g).warps == 32  # a row per SM
+    assert ops.plan("norm", 128, 32768, 4, False, g).warps == 32
+    for op in ("norm", "softmax"):
+        assert ops.plan(op, 4096, 50257, 4, False, g).warps == 16  # two programs per SM, many waves
 
 
 # ---- the bound (cached) path on the GPU --------------------------------------------------------------
