@@ -126,29 +126,29 @@ def run(quick: bool, sweep: bool = False):
 
 
 def sweep_configs(quick: bool) -> Table:
-    """newt's kernel over tile configurations, f16 4096^3: what ops._matmul_config should pick."""
+    """newt's kernel over tile configurations, f16 and bf16 4096^3: what ops._matmul_config should pick."""
     import torch
     import newtc.ops as ops
     m = n = k = 4096
-    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.float16)
-    c = torch.empty(m, n, device="cuda", dtype=torch.float16)
-    ref = a.float() @ b.float()
     mod = ops._stdlib("matmul")
     rows = []
-    for bm, bn, bk, w, s in ((128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 4), (128, 128, 64, 4, 3),
-                             (128, 128, 64, 4, 4), (128, 128, 64, 4, 5), (128, 128, 64, 8, 4), (128, 256, 32, 8, 4),
-                             (64, 256, 64, 4, 4), (256, 128, 32, 8, 4)):
-        grid = (-(-m // bm) * -(-n // bn),)
+    for dtype in (torch.float16, torch.bfloat16):
+        a, b = (torch.randn(m, k, device="cuda", dtype=dtype) for _ in range(2))
+        c = torch.empty(m, n, device="cuda", dtype=dtype)
+        ref = a.float() @ b.float()
+        for bm, bn, bk, w, s in ((128, 256, 64, 8, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 4), (256, 128, 64, 8, 3),
+                                 (128, 256, 32, 8, 6), (128, 256, 32, 8, 7), (128, 128, 64, 4, 3), (128, 128, 64, 8, 3),
+                                 (128, 128, 64, 8, 4), (64, 256, 64, 4, 4)):
+            grid = (-(-m // bm) * -(-n // bn),)
 
-        def fn():
-            mod.matmul[grid](a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), BM=bm, BN=bn, BK=bk,
-                             GROUP_M=8, num_warps=w, num_stages=s)
-            return c
-        t = timed(fn, ref, quick)
-        rows.append({"config": f"{bm}x{bn}x{bk} w{w} s{s}", "TFLOP/s": tflops(m, n, k, t)})
-        print(rows[-1], flush=True)
-    return Table("newt matmul configurations, f16 4096^3", rows)
+            def fn():
+                mod.matmul[grid](a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), BM=bm, BN=bn, BK=bk,
+                                 GROUP_M=8, num_warps=w, num_stages=s)
+                return c
+            t = timed(fn, ref, quick)
+            rows.append({"dtype": str(dtype)[6:], "config": f"{bm}x{bn}x{bk} w{w} s{s}", "TFLOP/s": tflops(m, n, k, t)})
+            print(rows[-1], flush=True)
+    return Table("newt matmul configurations, 4096^3", rows)
 
 
 if __name__ == "__main__":

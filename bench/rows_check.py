@@ -13,6 +13,7 @@ With $OUT set: rows_check.md and rows_check.json.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 
 import bench_sweep as bs
@@ -31,12 +32,14 @@ def alternatives(ops, op: str, m: int, n: int, s: int) -> list:
     model = ops.plan(op, m, n, s, False, ops.gpu(0), True)
     out = [(f"model {model.kind} b{model.block}+{model.tail} r{model.rows} w{model.warps} p{model.parts}", model)]
     if model.kind == "rows":
-        for rows in sorted({1, model.rows, max(1, ops.PROGRAM_BYTES // (n * s))}):
+        grouped = sorted({1, model.rows, max(1, ops.PROGRAM_BYTES // (n * s))})
+        for (block, tail), rows in itertools.product(ops._covers(n), grouped):
             for warps in (1, 2, 4, 8, 16, 32):
-                tile = rows * (model.block + model.tail) * s
-                if rows <= ops._pow2(m) and min(16, tile // 32) <= tile // (32 * warps) <= ops.THREAD_BYTES:
-                    out.append((f"rows r{rows} w{warps}", ops.Plan("rows", model.block, warps, rows=rows,
-                                                                   tail=model.tail)))
+                tile = rows * (block + tail) * s
+                if rows <= ops._pow2(m) and min(16, tile // 32) <= tile // (32 * warps) <= ops.THREAD_BYTES and \
+                        (not tail or rows * tail * s >= 32 * warps * 16):
+                    out.append((f"rows b{block}+{tail} r{rows} w{warps}", ops.Plan("rows", block, warps, rows=rows,
+                                                                                    tail=tail)))
     for warps in (4, 8, 16, 32):
         for elems in (8, 16):  # per thread in each block of the loop
             out.append((f"looped w{warps} e{elems}", ops.Plan("looped", elems * 32 * warps, warps)))

@@ -28,6 +28,9 @@ def main() -> None:
     ops.matmul(a, b, torch.randn(70, device=d).half(), "gelu")
     x = torch.randn(33, 3000, device=d)
     ops.softmax(x), ops.log_softmax(x.half())
+    for rows, n in ((7, 1001), (3, 50257), (300, 50257)):  # rows off 16-byte boundaries: whole, split and looped
+        y = torch.randn(rows, n, device=d)
+        ops.softmax(y), ops.rmsnorm(y.half(), torch.randn(n, device=d).half())
     ops.layernorm(x, torch.randn(3000, device=d), torch.randn(3000, device=d))
     ops.rmsnorm(x.bfloat16(), torch.randn(3000, device=d).bfloat16())
     ops.cross_entropy(torch.randn(9, 40000, device=d).half(), torch.randint(0, 40000, (9,), device=d))

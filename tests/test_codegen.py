@@ -195,7 +195,7 @@ def launched(op: str, dt, shape: tuple, *expect_per_kernel, stride: int | None =
 
 
 LOOP = (*RED, "LDG.E.128")  # a loop over blocks of the row: per-lane state, merged by shuffles at the end
-# SHIFT_STORES: stores to rows off 16-byte boundaries are checked per group at run time (the row's ends are
+# SHIFT_STORES: stores to rows off 16-byte boundaries check each group's masks at run time (the row's ends are
 # masked), and NVRTC turns the vector branch of those 16-bit stores into 32-bit ones (STG.E): still coalesced.
 # The row ops on shapes that reach every kernel and kind of plan of ops.plan (each comment names the plan the
 # model makes; test_ops checks the kinds themselves): whole rows (several per program for short rows), looped,
@@ -649,6 +649,18 @@ def test_masked_vector_load_fills_then_loads():
     body = loop_body(generated(s).source)
     assert re.search(r"u\.e\[7\] = [^;]+; if \([^)]+\) u\.w = \*", body), body[:2000]
     assert "} else {" not in body
+
+
+def test_rows_off_boundaries_load_whole_groups_and_check_only_masks():
+    """Rows off 16-byte boundaries (SHIFT): every group is addressed from an aligned `first`, so the analysis
+    proves it contiguous and aligned; only the masks differ at the row's ends. Loads take the group's 16 bytes
+    where any lane is in and keep the lanes that are (no branch, no address check); stores check the masks."""
+    s = by_id("softmax.softmax_looped-log_softmax-bf16-4096x50257")
+    assert dict(s.consts)["SHIFT"] and dict(s.consts)["DIV"] == 1
+    src = generated(s).source
+    body = loop_body(src)
+    assert re.search(r"if \(\([^)]+\) \|\| \([^)]+\)", body) and "} else {" not in body, body[:2000]
+    assert "unsigned long long)(" not in src[src.index("__global__"):] and "u.e[7] : " in body
 
 
 def test_64_bit_indices_keep_vector_groups():

@@ -20,9 +20,15 @@ def proven(ptr: ir.Value, mask: ir.Value | None, layout: Layout, dim: int, g: in
             and (mask is None or facts(mask).const[dim] >= g))
 
 
-def vector_condition(ptrs: list[str], masks: list[str] | None, nbytes: int) -> str:
-    conds = [f"((unsigned long long)({ptrs[0]}) & {nbytes - 1}) == 0"]
-    conds += [f"{p} == {ptrs[0]} + {j}" for j, p in enumerate(ptrs) if j]
+def any_of(masks: list[str]) -> str:
+    return " || ".join(f"({m})" for m in masks)
+
+
+def vector_condition(ptrs: list[str], masks: list[str] | None, nbytes: int, aligned: bool = False) -> str:
+    """The run-time check of a group: its lanes all in and, unless the analysis showed it (`aligned`), its
+    addresses contiguous and aligned."""
+    conds = [] if aligned else [f"((unsigned long long)({ptrs[0]}) & {nbytes - 1}) == 0"]
+    conds += [] if aligned else [f"{p} == {ptrs[0]} + {j}" for j, p in enumerate(ptrs) if j]
     conds += masks or []
     return " && ".join(conds)
 
@@ -46,6 +52,9 @@ def load(cg, op: ir.Op) -> None:
     others = cg.regs(op.args[2]) if op.args[2] is not None else [f"nk_zero<{t}>()"] * n
     dim, g = vector(layout, res.type.dtype.itemsize)
     static = proven(op.args[0], op.args[1], layout, dim, g, g * res.type.dtype.itemsize)
+    # groups proven contiguous and aligned but masked unevenly (a row's ends): one 16-byte load where any lane is
+    # in, its masked lanes then replaced; it cannot fault, as it stays in the aligned 16 bytes of a lane that is in
+    aligned = not static and masks is not None and proven(op.args[0], None, layout, dim, g, g * res.type.dtype.itemsize)
     for base in range(0, n, g):
         p, m = ptrs[base:base + g], masks[base:base + g] if masks else None
         scalar = [f"{name}[{base + j}] = {m[j]} ? *{p[j]} : {others[base + j]};" if m else
@@ -61,6 +70,10 @@ def load(cg, op: ir.Op) -> None:
             cg.emit(" ".join(["{", wide[0], *fill, f"if ({m[0]}) {word}", *unpack, "}"]))
         elif static:
             cg.emit(" ".join(["{", *wide, "}"]))
+        elif aligned:
+            fill = [f"u.e[{j}] = {others[base + j]};" for j in range(g)]
+            keep = [f"{name}[{base + j}] = {m[j]} ? u.e[{j}] : {others[base + j]};" for j in range(g)]
+            cg.emit(" ".join(["{", wide[0], *fill, f"if ({any_of(m)}) {word}", *keep, "}"]))
         else:
             cg.emit(branch(vector_condition(p, m, g * res.type.dtype.itemsize), wide, scalar))
 
@@ -85,9 +98,10 @@ def store(cg, op: ir.Op) -> None:
     t = cexpr.ctype(val.type.dtype)
     dim, g = vector(layout, val.type.dtype.itemsize)
     static = proven(ptr, mask, layout, dim, g, g * val.type.dtype.itemsize)
+    aligned = not static and proven(ptr, None, layout, dim, g, g * val.type.dtype.itemsize)
     owner = cg.owner(layout)
     if cg.predicated:
-        return predicated_store(cg, ptrs, vals, masks, t, g, static, owner, g * val.type.dtype.itemsize)
+        return predicated_store(cg, ptrs, vals, masks, t, g, static, aligned, owner, g * val.type.dtype.itemsize)
     if owner:
         cg.emit(f"if ({owner}) {{")
     for base in range(0, layout.nregs, g):
@@ -101,12 +115,12 @@ def store(cg, op: ir.Op) -> None:
         if static:
             cg.emit(f"if ({m[0]}) {{ {' '.join(wide)} }}" if m else " ".join(["{"] + wide + ["}"]))
         else:
-            cg.emit(branch(vector_condition(p, m, g * val.type.dtype.itemsize), wide, scalar))
+            cg.emit(branch(vector_condition(p, m, g * val.type.dtype.itemsize, aligned), wide, scalar))
     if owner:
         cg.emit("}")
 
 
-def predicated_store(cg, ptrs, vals, masks, t, g, static, owner, nbytes) -> None:
+def predicated_store(cg, ptrs, vals, masks, t, g, static, aligned, owner, nbytes) -> None:
     """The stores of a kernel whose wgmma accumulators are read after an asynchronous pipeline: every condition
     (mask, owner, the run-time vector check) a predicate on the store itself, no branch around it."""
     def cond(*parts) -> str:
@@ -117,7 +131,7 @@ def predicated_store(cg, ptrs, vals, masks, t, g, static, owner, nbytes) -> None
         if g == 1:
             stmts.append(f"nk_store_if({p[0]}, {vals[base]}, {cond(m[0], owner)});")
             continue
-        check = "" if static else vector_condition(p, [x for x in m if x] or None, nbytes)  # the whole group, or none
+        check = "" if static else vector_condition(p, [x for x in m if x] or None, nbytes, aligned)  # whole group or none
         fill = " ".join(f"u.e[{j}] = {vals[base + j]};" for j in range(g))
         line = f"{{ nk_pack<{t}, {g}> u; {fill} nk_store_if((decltype(u.w)*)({p[0]}), u.w, " \
                f"{cond(m[0] if static else '', owner, check)});"
