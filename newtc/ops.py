@@ -81,8 +81,9 @@ WAIT = 0.7e-6  # seconds a program reduces and waits after each step of loads, w
 # memory idles through it unless another program is loading meanwhile, so a step of more bytes idles a smaller part of
 # its time. Measured on an H200, each 0.65-0.78 us: rmsnorm and layer norm f32 128x32768, one program per SM, 2.6-2.7 us
 # faster at 32 warps (4 steps) than at 16 (8 steps); rows of 50257 f32 at 0.68-0.71x with one 32-warp program per SM
-# of two 16-warp ones; a split of 128 rows of 32768 f32, four 8-warp programs per SM started at once, 1.7-1.8x what
-# its bytes in flight allow
+# of two 16-warp ones (measured while those rows, off 16-byte boundaries, still loaded through a run-time check per
+# group); a split of 128 rows of 32768 f32, four 8-warp programs per SM started at once, 1.7-1.8x what its bytes in
+# flight allow
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,8 @@ def _looped(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu)
     """One program per row, fewest warps first. More warps mean fewer rows in flight, so more of the
     second pass hits L2; but between its steps a program reduces and waits, so a lone program per SM, or
     programs started together, leave its memory idle there (WAIT; measured on an H200: rows of 50257 f32 ran
-    at 44% of copy with one 32-warp program per SM, 62-65% with two of 16 warps)."""
+    at 44% of copy with one 32-warp program per SM, 62-65% with two of 16 warps, while such rows still loaded
+    through a run-time check per group)."""
     row_bytes = n_cols * itemsize
     for warps in (4, 8, 16, 32):
         block = LOOP_ELEMS * 32 * warps
