@@ -171,6 +171,26 @@ def test_every_plan(device, dtype, monkeypatch):
             check_row_ops(x, dtype)
 
 
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("fill", [-1e9, 1e9, -3e38])
+def test_rows_of_huge_logits_on_every_plan(device, fill, monkeypatch):
+    """A row masked out with a huge constant (-1e9, f32's lowest) beside ordinary rows, on every plan: softmax is
+    uniform there, log-softmax and the loss log(1/n). Computing v - (max + log(total)), or exp2(v * LOG2E - max *
+    LOG2E) as one FMA on the GPU, rounds at the max's magnitude (64 at 1e9) and loses log(total) or the sum."""
+    x = torch.randn(4, 1001, device=device) * 3
+    x[1] = fill
+    x[2, :500] = fill
+    t = torch.randint(0, 1001, (4,), device=device)
+    for p in forced_plans(1001, 4, True, True):
+        force_plan(monkeypatch, p)
+        for name, out, ref in [("softmax", ops.softmax(x), torch.softmax(x, -1)),
+                               ("log_softmax", ops.log_softmax(x), torch.log_softmax(x, -1)),
+                               ("cross_entropy", ops.cross_entropy(x, t), F.cross_entropy(x, t, reduction="none"))]:
+            finite = ref.isfinite()
+            assert torch.equal(out.isfinite(), finite), (name, p)
+            assert torch.allclose(out[finite], ref[finite], rtol=1e-4, atol=1e-5), (name, p)
+
+
 def test_bound_path_launches_what_the_general_path_launched(monkeypatch):
     """The launch path made for a key (on the GPU after a first call; forced here on the CPU with the
     driver call recorded instead) passes every kernel of every kind of plan the values the general path
