@@ -410,7 +410,7 @@ def _cross_entropy_steps(x2: Tensor) -> tuple:
     if p.kind == "looped":
         return [(mod.cross_entropy_looped, (rows,), (A, B, C, n, stride), _looped_meta(p, meta))], _losses
     return [(mod.row_partials, (p.parts, rows), (A, D, n, stride, p.chunk), _looped_meta(p, meta)),
-            (mod.cross_entropy_split, (rows,), (A, B, C, D, p.parts, stride), dict(PARTS=_pow2(p.parts)))], \
+            (mod.cross_entropy_split, (rows,), (A, B, C, D, p.parts, n, stride), dict(PARTS=_pow2(p.parts)))], \
         functools.partial(_with_partials, rows * p.parts * 2, _losses)
 
 
@@ -535,7 +535,8 @@ def log_softmax(x: Tensor) -> Tensor:
 
 def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
     """Per-row loss (reduction='none') over the last dimension of the logits, with int64 (or int32) class
-    targets, in f32: logsumexp(row) - row[target]."""
+    targets, in f32: logsumexp(row) - row[target]. A target of -100 (torch's ignore_index) gives 0, any other
+    outside [0, n) NaN (torch raises there)."""
     if torch.compiler.is_compiling():
         return torch.ops.newt.cross_entropy(logits, target)
     key = ("cross_entropy", logits.shape, logits.stride(), logits.dtype, logits.get_device(), target.dtype,

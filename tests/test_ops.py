@@ -191,6 +191,20 @@ def test_rows_of_huge_logits_on_every_plan(device, fill, monkeypatch):
             assert torch.allclose(out[finite], ref[finite], rtol=1e-4, atol=1e-5), (name, p)
 
 
+@pytest.mark.parametrize("device", devices())
+def test_cross_entropy_targets_outside_the_row(device, monkeypatch):
+    """On every plan: a target of -100 (torch's ignore_index, as padding tokens carry) gives a loss of 0, any other
+    outside [0, n) NaN; neither reads the logits (the row before, or memory before the tensor, on row 0)."""
+    x = torch.randn(5, 1001, device=device) * 3
+    t = torch.tensor([-100, 0, 1000, 1001, -1], device=device)
+    for p in forced_plans(1001, 4, True, True):
+        force_plan(monkeypatch, p)
+        out = ops.cross_entropy(x, t)
+        ref = F.cross_entropy(x[1:3], t[1:3], reduction="none")
+        assert out[0].item() == 0.0 and torch.allclose(out[1:3], ref, rtol=1e-4, atol=1e-5), p
+        assert out[3:].isnan().all(), p
+
+
 def test_bound_path_launches_what_the_general_path_launched(monkeypatch):
     """The launch path made for a key (on the GPU after a first call; forced here on the CPU with the
     driver call recorded instead) passes every kernel of every kind of plan the values the general path
