@@ -167,8 +167,10 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
         for rows in sorted(options, key=lambda r: (abs(math.log2(r / preferred)), r)):
             tile = rows * width * itemsize
             lone = _cdiv(n_rows, rows) <= g.sms
-            order = sorted((32, 16, 8, 4, 2, 1), key=lambda w: abs(math.log2(32 * w / (LONE_THREADS * math.sqrt(tile)))))
-            for warps in order if lone else (1, 2, 4, 8, 16, 32):
+            best = LONE_THREADS * math.sqrt(tile)  # threads, for a lone program
+            order = sorted((32, 16, 8, 4, 2, 1), key=lambda w: abs(math.log2(32 * w / best))) if lone else \
+                (1, 2, 4, 8, 16, 32)
+            for warps in order:
                 per_thread = tile // (32 * warps)
                 too_few = warps < MIN_WARPS and tile >= MIN_WARPS * 512
                 if per_thread > THREAD_BYTES or per_thread < min(16, tile // 32) or too_few or \

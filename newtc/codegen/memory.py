@@ -20,17 +20,12 @@ def proven(ptr: ir.Value, mask: ir.Value | None, layout: Layout, dim: int, g: in
             and (mask is None or facts(mask).const[dim] >= g))
 
 
-def any_of(masks: list[str]) -> str:
-    return " || ".join(f"({m})" for m in masks)
-
-
 def vector_condition(ptrs: list[str], masks: list[str] | None, nbytes: int, aligned: bool = False) -> str:
     """The run-time check of a group: its lanes all in and, unless the analysis showed it (`aligned`), its
     addresses contiguous and aligned."""
-    conds = [] if aligned else [f"((unsigned long long)({ptrs[0]}) & {nbytes - 1}) == 0"]
-    conds += [] if aligned else [f"{p} == {ptrs[0]} + {j}" for j, p in enumerate(ptrs) if j]
-    conds += masks or []
-    return " && ".join(conds)
+    conds = [] if aligned else [f"((unsigned long long)({ptrs[0]}) & {nbytes - 1}) == 0",
+                                *(f"{p} == {ptrs[0]} + {j}" for j, p in enumerate(ptrs) if j)]
+    return " && ".join(conds + (masks or []))
 
 
 def branch(cond: str, vector: list[str], scalar: list[str]) -> str:
@@ -52,9 +47,9 @@ def load(cg, op: ir.Op) -> None:
     others = cg.regs(op.args[2]) if op.args[2] is not None else [f"nk_zero<{t}>()"] * n
     dim, g = vector(layout, res.type.dtype.itemsize)
     static = proven(op.args[0], op.args[1], layout, dim, g, g * res.type.dtype.itemsize)
-    # groups proven contiguous and aligned but masked unevenly (a row's ends): one 16-byte load where any lane is
-    # in, its masked lanes then replaced; it cannot fault, as it stays in the aligned 16 bytes of a lane that is in
-    aligned = not static and masks is not None and proven(op.args[0], None, layout, dim, g, g * res.type.dtype.itemsize)
+    # groups proven contiguous and aligned but masked unevenly (a row's ends) load as a whole where any lane is in,
+    # their masked lanes then replaced: no fault, as the 16 aligned bytes of a lane that is in are all mapped
+    aligned = static or proven(op.args[0], None, layout, dim, g, g * res.type.dtype.itemsize)
     for base in range(0, n, g):
         p, m = ptrs[base:base + g], masks[base:base + g] if masks else None
         scalar = [f"{name}[{base + j}] = {m[j]} ? *{p[j]} : {others[base + j]};" if m else
@@ -65,15 +60,14 @@ def load(cg, op: ir.Op) -> None:
         word = f"u.w = *(const decltype(u.w)*)({p[0]});"
         unpack = [f"{name}[{base + j}] = u.e[{j}];" for j in range(g)]
         wide = [f"nk_pack<{t}, {g}> u;", word, *unpack]
-        if static and m:  # `other` fills the registers a predicated load then overwrites: no merging after
+        if aligned and m:  # `other` fills the registers a predicated load then overwrites (a uniform mask: all)
             fill = [f"u.e[{j}] = {others[base + j]};" for j in range(g)]
-            cg.emit(" ".join(["{", wide[0], *fill, f"if ({m[0]}) {word}", *unpack, "}"]))
-        elif static:
-            cg.emit(" ".join(["{", *wide, "}"]))
+            keep = unpack if static else [f"{name}[{base + j}] = {m[j]} ? u.e[{j}] : {others[base + j]};"
+                                          for j in range(g)]
+            any_in = m[0] if static else " || ".join(f"({x})" for x in m)
+            cg.emit(" ".join(["{", wide[0], *fill, f"if ({any_in}) {word}", *keep, "}"]))
         elif aligned:
-            fill = [f"u.e[{j}] = {others[base + j]};" for j in range(g)]
-            keep = [f"{name}[{base + j}] = {m[j]} ? u.e[{j}] : {others[base + j]};" for j in range(g)]
-            cg.emit(" ".join(["{", wide[0], *fill, f"if ({any_of(m)}) {word}", *keep, "}"]))
+            cg.emit(" ".join(["{", *wide, "}"]))
         else:
             cg.emit(branch(vector_condition(p, m, g * res.type.dtype.itemsize), wide, scalar))
 
@@ -131,7 +125,7 @@ def predicated_store(cg, ptrs, vals, masks, t, g, static, aligned, owner, nbytes
         if g == 1:
             stmts.append(f"nk_store_if({p[0]}, {vals[base]}, {cond(m[0], owner)});")
             continue
-        check = "" if static else vector_condition(p, [x for x in m if x] or None, nbytes, aligned)  # whole group or none
+        check = "" if static else vector_condition(p, [x for x in m if x] or None, nbytes, aligned)  # all or none
         fill = " ".join(f"u.e[{j}] = {vals[base + j]};" for j in range(g))
         line = f"{{ nk_pack<{t}, {g}> u; {fill} nk_store_if((decltype(u.w)*)({p[0]}), u.w, " \
                f"{cond(m[0] if static else '', owner, check)});"
