@@ -4,7 +4,8 @@ TFLOP/s.
 
     python bench/bench_matmul.py [--quick] [--sweep]
 
---sweep also times newt's kernel over a grid of tile configurations on 4096^3 (to tune ops._matmul_config).
+--sweep also times newt's kernel over a grid of tile configurations on 4096^3, warp-specialized (ws) or not (to tune
+ops._matmul_config).
 """
 from __future__ import annotations
 
@@ -136,17 +137,19 @@ def sweep_configs(quick: bool) -> Table:
         a, b = (torch.randn(m, k, device="cuda", dtype=dtype) for _ in range(2))
         c = torch.empty(m, n, device="cuda", dtype=dtype)
         ref = a.float() @ b.float()
-        for bm, bn, bk, w, s in ((128, 256, 64, 8, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 4), (256, 128, 64, 8, 3),
-                                 (128, 256, 32, 8, 6), (128, 256, 32, 8, 7), (128, 128, 64, 4, 3), (128, 128, 64, 8, 3),
-                                 (128, 128, 64, 8, 4), (64, 256, 64, 4, 4)):
+        for bm, bn, bk, w, s, ws in ((128, 256, 64, 8, 4, False), (128, 256, 64, 8, 4, True), (128, 256, 64, 8, 3, True),
+                                     (256, 128, 64, 8, 4, False), (256, 128, 64, 8, 4, True), (128, 256, 32, 8, 6, False),
+                                     (128, 256, 32, 8, 7, True), (128, 128, 64, 4, 4, True), (128, 128, 64, 8, 4, True),
+                                     (128, 128, 64, 4, 3, False)):
             grid = (-(-m // bm) * -(-n // bn),)
 
             def fn():
                 mod.matmul[grid](a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), BM=bm, BN=bn, BK=bk,
-                                 GROUP_M=8, num_warps=w, num_stages=s)
+                                 GROUP_M=8, WS=ws, num_warps=w, num_stages=s)
                 return c
             t = timed(fn, ref, quick)
-            rows.append({"dtype": str(dtype)[6:], "config": f"{bm}x{bn}x{bk} w{w} s{s}", "TFLOP/s": tflops(m, n, k, t)})
+            rows.append({"dtype": str(dtype)[6:], "config": f"{bm}x{bn}x{bk} w{w} s{s}{' ws' if ws else ''}",
+                         "TFLOP/s": tflops(m, n, k, t)})
             print(rows[-1], flush=True)
     return Table("newt matmul configurations, 4096^3", rows)
 

@@ -4,7 +4,7 @@
     compute-sanitizer --tool racecheck python bench/sanitize.py
 
 Pipelined matmuls (cp.async rings, ldmatrix), a transposed operand, the epilogue, reductions across warps,
-row kernels, the transpose, an atomic histogram; TMA copies into an mbarrier ring; attention forward and backward; scans, a sort and a histogram
+row kernels, the transpose, an atomic histogram; TMA copies into an mbarrier ring, and a warp-specialized one; attention forward and backward; scans, a sort and a histogram
 across warps; a spin lock on a scalar atomic in a `while` loop; block pointers; fp8 conversions. Without a GPU it
 runs the same kernels through the interpreter (a check that the script itself is right)."""
 import torch
@@ -24,6 +24,11 @@ def main() -> None:
         a, b, c = torch.randn(m, k, device=d).half(), torch.randn(k, n, device=d).half(), torch.empty(m, n, device=d).half()
         ops._stdlib("matmul").matmul_tma[(-(-m // 64) * -(-n // 64),)](a, b, c, m, n, k, k, n, n, BM=64, BN=64, BK=32,
                                                                        GROUP_M=8, num_warps=4, num_stages=3)
+    for m, n, k in ((300, 264, 136), (100, 72, 40)):  # warp-specialized: the producer's empty-barrier waits, and none
+        a, b, c = torch.randn(m, k, device=d).half(), torch.randn(k, n, device=d).half(), torch.empty(m, n, device=d).half()
+        ops._stdlib("matmul").matmul[(-(-m // 128) * -(-n // 128),)](a, b, c, m, n, k, k, 1, n, 1, n, 1, BM=128, BN=128,
+                                                                       BK=32, GROUP_M=8, WS=True, num_warps=8,
+                                                                       num_stages=3)
     a, b = torch.randn(90, 100, device=d).half().t(), torch.randn(90, 70, device=d).half()
     ops.matmul(a, b, torch.randn(70, device=d).half(), "gelu")
     x = torch.randn(33, 3000, device=d)

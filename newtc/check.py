@@ -756,11 +756,15 @@ class Checker:
         args = [self.expr(a) for a in s.iter.args]
         static = s.iter.func.id == "static_range"
         options = {k: self.constexpr(self.expr(v), f"{k}=", v.span) for k, v in s.iter.kwargs}
-        if not 1 <= len(args) <= 3 or options.keys() - ({"num_stages", "unroll"} if not static else set()):
+        if not 1 <= len(args) <= 3 or options.keys() - ({"num_stages", "unroll", "warp_specialize"} if not static
+                                                         else set()):
             raise NkError(f"{s.iter.func.id}() takes 1 to 3 positional arguments"
-                          + ("" if static else " and the options num_stages= and unroll="), s.iter.span)
+                          + ("" if static else " and the options num_stages=, unroll= and warp_specialize="),
+                          s.iter.span)
         for k, v in options.items():
-            if type(v) is not int or v < 1:
+            if k == "warp_specialize" and type(v) is not bool:
+                raise NkError(f"range(warp_specialize=) must be True or False, got {describe(v)}", s.iter.span)
+            if k != "warp_specialize" and (type(v) is not int or v < 1):
                 raise NkError(f"range({k}=) must be an integer of at least 1, got {describe(v)}", s.iter.span)
         lo, hi, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) == 3 else 1)
         if not isinstance(s.target, A.Name):

@@ -26,7 +26,8 @@ Every value has a Type (shape, dtype) and, after the layout pass, a Layout. Op k
   reduce      (x)                attrs kind (sum max min argmax argmin), axis, keep_dims
   dot         (a, b, acc)                                  acc + a @ b
   for         (lo, hi, step, *init)   region params (iv, *carried); results = final carried values
-                                 attrs num_stages (its software pipeline's depth), unroll (#pragma unroll N)
+                                 attrs num_stages (its software pipeline's depth), unroll (#pragma unroll N),
+                                 warp_specialize (a producer warpgroup issues its copies: passes.pipeline)
   while       (cond, *init)           region params (cond, *carried), all carried: the loop runs while the first
                                       is true; results = final values
   if          (cond)                  regions then, else; each ends in yield; results
@@ -57,6 +58,10 @@ Made by the passes (the checker never emits them; the interpreter runs the IR be
   dot_wait    (acc)              attrs pending              the accumulator of asynchronous wgmma, once landed
   barrier, fence_async                                     __syncthreads; order shared-memory writes before the
                                                            tensor cores' (async proxy) reads
+  roles                          attrs consumers; region   the producer warpgroup's code (threads past `consumers`,
+                                                           which then leave); the consumers go on after it
+  mbar_init (bars) attrs count; mbar_expect, tma_load, mbar_wait (bars, slot, parity[, valid]), mbar_inval (bars),
+  mbar_arrive (bars, slot, cond)                           TMA rings' barriers (passes.pipeline)
 reduce takes a scratch buffer as a second operand when warps meet along the axis; a scalar atomic
 takes one as its last operand (the old value reaches every thread through it).
 scan, exchange, gather and histogram take one as their last operand where data crosses warps.

@@ -76,9 +76,10 @@ def gelu_sig(dt):
 MATMUL_INTS = "M N K stride_am stride_ak stride_bk stride_bn stride_cm stride_cn".split()
 
 
-def matmul(kernel, label, dt, m, n, k, *expect, activation="none", transposed=False, archs=("sm_80", "sm_90a")):
+def matmul(kernel, label, dt, m, n, k, *expect, activation="none", transposed=False, archs=("sm_80", "sm_90a"),
+           ws=False):
     """The specializations newtc.ops.matmul launches on contiguous tensors of these sizes (or A transposed), on
-    each arch (the ring's depth follows the arch's shared memory)."""
+    each arch (the ring's depth follows the arch's shared memory); with `ws`, its loop warp-specialized."""
     sig = {**ptrs(dt, "a", "b", "c"), **({"bias": Ptr(dt)} if kernel == "matmul_bias" else {}),
            **{name: i32 for name in MATMUL_INTS}}
     strides = dict(stride_am=1 if transposed else k, stride_ak=m if transposed else 1, stride_bk=n, stride_bn=1,
@@ -89,7 +90,7 @@ def matmul(kernel, label, dt, m, n, k, *expect, activation="none", transposed=Fa
     for arch in archs:
         cfg = _matmul_config(m, n, k, dt.itemsize, arch)
         nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
-        s = spec("matmul", kernel, f"{label}-{arch}", sig, {**cfg, "GROUP_M": 8, "ACTIVATION": activation}, nw,
+        s = spec("matmul", kernel, f"{label}-{arch}", sig, {**cfg, "GROUP_M": 8, "ACTIVATION": activation, "WS": ws}, nw,
                  *expect, aligned=aligned, num_stages=ns, ones=[x for x, v in values.items() if v == 1],
                  positive=[x for x, v in values.items() if v > 0])
         out.append(dataclasses.replace(s, archs=(arch,)))
@@ -244,6 +245,7 @@ SPECS = [
     *matmul("matmul", "f16-a-transposed", f16, 4096, 4096, 4096, *MMA, "sm_90a:UTMALDG", transposed=True),  # B by TMA
     *matmul("matmul", "f32-tf32", f32, 1024, 1024, 1024, "HMMA", "sm_80:LDGSTS", "sm_90a:UTMALDG"),
     *matmul("matmul_bias", "f16-gelu", f16, 4096, 4096, 4096, *TMA, activation="gelu"),
+    *matmul("matmul", "f16-4096-ws", f16, 4096, 4096, 4096, *TMA, "sm_90a:USETMAXREG", ws=True),  # a producer warpgroup
     *matmul_tma("f16-4096", f16, 4096, 4096, 4096),
     # P stays in the registers S was computed in: mma.sync's A on sm_80, wgmma's on sm_90a (test_attention_p_...)
     attention("f16-d128", f16, 128, False, 128, 64, 8, 2, *MMA),
@@ -705,6 +707,28 @@ def test_a_scalar_atomic_is_read_by_every_thread_before_the_next():
     lines = [line.strip() for line in src.splitlines() if not line.startswith("#line")]
     read = next(i for i, line in enumerate(lines) if re.match(r"int const \w+ = \(\(int\*\)\(nk_smem", line))
     assert lines[read - 1] == "__syncthreads();" and lines[read + 1] == "__syncthreads();"
+
+
+def test_warp_specialized_loop_releases_slots_instead_of_a_cta_barrier():
+    """range(warp_specialize=True) on sm_90a: a fourth warpgroup (the producer) gives up registers and its first
+    thread issues every copy after the prologue, each once the consumers' warps have released the slot; the consumers'
+    loop has no CTA barrier, and every barrier after the split counts the consumers' 256 threads only. On sm_80 (no
+    TMA, no setmaxnreg) the option changes nothing."""
+    s = next(x for x in SPECS if x.id.endswith("f16-4096-ws-sm_90a"))
+    g = generated(s)
+    src = g.source
+    assert g.threads == 384 and "__launch_bounds__(384, 1)" in src
+    producer = src[src.index("if (nk_tid >= 256) {"):src.index("setmaxnreg.inc")]
+    assert "setmaxnreg.dec.sync.aligned.u32 40" in producer and "if (nk_tid == 256) {" in producer
+    assert producer.count("mbarrier.try_wait") == 1 and "cp.async.bulk.tensor" in producer and "return;" in producer
+    assert "__syncthreads" not in producer and "bar.sync" not in producer  # one thread runs it: a barrier would hang
+    consumer = loop_body(src[src.index("setmaxnreg.inc"):])
+    assert "mbarrier.arrive.shared::cta.b64" in consumer and "cp.async.bulk.tensor" not in consumer
+    assert "__syncthreads" not in consumer and "bar.sync" not in consumer
+    after = src[src.index("setmaxnreg.inc"):]
+    assert "__syncthreads" not in after and "bar.sync 1, 256;" in after
+    plain = generated(next(x for x in SPECS if x.id.endswith("f16-4096-ws-sm_80")), "sm_80").source
+    assert "setmaxnreg" not in plain and "__launch_bounds__(256)" in plain
 
 
 def test_replicated_copies_into_shared_memory_are_issued_once():

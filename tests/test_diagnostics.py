@@ -576,7 +576,9 @@ K = "kernel k(x, n):\n    v = load(x + arange(0, 4))\n"
     (K + "    for i in range(0, n, (1, 2)):\n        pass\n", 3, 14, r"expected a number or a block, got tuple \(1, 2\)",
      None),
     (K + "    for i in range(0, n, stages=2):\n        pass\n", 3, 14,
-     r"range\(\) takes 1 to 3 positional arguments and the options num_stages= and unroll=", None),
+     r"range\(\) takes 1 to 3 positional arguments and the options num_stages=, unroll= and warp_specialize=", None),
+    (K + "    for i in range(0, n, warp_specialize=1):\n        pass\n", 3, 14,
+     r"range\(warp_specialize=\) must be True or False, got int 1", None),
     (K + "    for i in static_range(0, 4, unroll=2):\n        pass\n", 3, 14,
      r"static_range\(\) takes 1 to 3 positional arguments$", None),
     (K + "    break\n", 3, 5, "'break' outside a loop", None),
@@ -598,7 +600,7 @@ K = "kernel k(x, n):\n    v = load(x + arange(0, 4))\n"
      "helper 'h' returns a value on some paths and none on others", "end it with a `return`"),
     (K + "    y = n.T\n", 3, 9, r"trans\(\) needs a block, got a scalar", None),
 ], ids=["min-max-ambiguous", "min-max-axis", "hint-dtype", "hint-pow2", "hint-rank", "hint-runtime", "num-stages",
-        "range-tuple-step", "range-option", "static-range-option", "break", "continue-in-helper", "constexpr-runtime",
+        "range-tuple-step", "range-option", "warp-specialize-option", "static-range-option", "break", "continue-in-helper", "constexpr-runtime",
         "annotation", "constexpr-value", "while-block", "return-in-loop", "return-types", "return-tuple", "return-some-paths",
         "T-scalar"])
 def test_control_flow_and_hint_mistakes(text, line, col, message, hint):

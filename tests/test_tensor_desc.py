@@ -378,10 +378,12 @@ def test_the_launcher_encodes_each_tensor_map_from_the_arguments(monkeypatch):
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", ["matmul_tma", "matmul"])
-def test_stdlib_matmul_tma_matches_torch(device, dtype, name):
+@pytest.mark.parametrize("ws", [False, True])
+def test_stdlib_matmul_tma_matches_torch(device, dtype, name, ws):
     """stdlib/matmul.nk's descriptor kernel, and its pointer kernel (ops.matmul's), with ops' tile table, ragged shapes,
     NaN past every edge; on sm_90a their A and B tiles are TMA copies (checked by compiling for sm_90a from the same
-    arguments)."""
+    arguments). With `ws`, warp-specialized where the tile takes asynchronous wgmma (a producer warpgroup gives up its
+    registers: USETMAXREG); K of 100 leaves the producer's loop no copies of its own."""
     shapes = [(40, 72, 56)] if device == "cpu" else [(1000, 1001, 100), (4096, 4096, 4096), (16, 4096, 4096),
                                                      (333, 200, 1000)]
     kernel = getattr(ops._stdlib("matmul"), name)
@@ -390,10 +392,11 @@ def test_stdlib_matmul_tma_matches_torch(device, dtype, name):
         cfg = ops._matmul_config(m, n, k, 2, "sm_90a")
         strides = (a.stride(0), b.stride(0), c.stride(0)) if name == "matmul_tma" else (*a.stride(), *b.stride(),
                                                                                         *c.stride())
-        args, meta = (a, b, c, m, n, k, *strides), dict(GROUP_M=8, **cfg)
+        args, meta = (a, b, c, m, n, k, *strides), dict(GROUP_M=8, WS=ws, **cfg)
         out = kernel.output(args, meta, "cubin", "sm_90a")
         assert [t["base"] for t in out.kernel.tmaps] == [0, 1]
-        assert "UTMALDG" in nvrtc.disassemble(out.binary.cubin)
+        sass = nvrtc.disassemble(out.binary.cubin)
+        assert "UTMALDG" in sass and ("USETMAXREG" in sass) == (ws and cfg["BM"] >= 64), cfg
         kernel[(cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]),)](*args, **meta)
         ref = a.double() @ b.double()
         err = ((c.double() - ref).norm() / ref.norm()).item()

@@ -23,6 +23,8 @@ KEYWORDS = set("""alignas alignof asm auto bitand bitor bool case catch char cha
     not_eq nullptr operator or_eq private protected public register reinterpret_cast requires restrict short signed
     sizeof static static_assert static_cast struct switch template this thread_local throw typedef typeid typename
     union unsigned using virtual void volatile wchar_t xor xor_eq and_eq""".split())
+REGISTERS = 65536  # 32-bit registers per SM (sm_80, sm_90)
+PRODUCER_REGS = 40  # a producer warpgroup's registers per thread: it only counts slots and issues copies
 CALLED = re.compile(r"\b([A-Za-z_]\w*)\(")  # functions and casts the generated source calls: a parameter may not shadow one
 
 
@@ -67,6 +69,10 @@ class Codegen:
         self.defs: dict[int, ir.Op] = {id(r): op for op in ir.walk(k.body) for r in op.results}
         # ptxas serializes asynchronous wgmma if accumulators are read behind branches: stores then use predicates
         self.predicated = any(op.kind == "dot" and op.attrs.get("async") for op in ir.walk(k.body))
+        # with a producer warpgroup (passes.pipeline's warp specialization): the threads past the consumers
+        self.producer = next((op.attrs["consumers"] for op in ir.walk(k.body) if op.kind == "roles"), None)
+        self.sync = "__syncthreads();"  # the CTA barrier; once the producer has left, the consumers' own
+        self.issuer = "nk_tid == 0"  # the thread that issues TMA copies and initializes barriers
         self.line_no = None
         self.depth = 1
         self.span = None
@@ -280,6 +286,23 @@ class Codegen:
             self.nested(r, list(zip(op.results, r.ops[-1].args)), stage=False)
         self.emit("}")
 
+    def roles(self, op: ir.Op) -> None:
+        """The producer warpgroup gives most of its registers to the consumers, its first thread runs the producer's
+        region, and all of it leaves; from here on, a barrier counts the consumers' threads only."""
+        consumers = op.attrs["consumers"]
+        self.emit(f"if (nk_tid >= {consumers}) {{")
+        self.emit(f'  asm volatile("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGS};");')
+        self.emit(f"  if (nk_tid == {consumers}) {{")
+        issuer, self.issuer, self.depth = self.issuer, "true", self.depth + 1
+        self.nested(op.regions[0], [], stage=False)
+        self.issuer, self.depth = issuer, self.depth - 1
+        self.emit("  }")
+        self.emit("  return;")
+        self.emit("}")
+        regs = min(256, (REGISTERS - 128 * PRODUCER_REGS) // consumers // 8 * 8)
+        self.emit(f'asm volatile("setmaxnreg.inc.sync.aligned.u32 {regs};");')
+        self.sync = f'asm volatile("bar.sync 1, {consumers};" ::: "memory");'
+
     # ---- the kernel --------------------------------------------------------------------------
     def generate(self) -> Generated:
         k = self.k
@@ -294,10 +317,11 @@ class Codegen:
                 params.append(f"{t} {self.names[id(p)]}")
         params += [f"const __grid_constant__ nk_tmap nk_map{i}" for i in range(len(k.tmaps))]  # after the arguments
         self.region(k.body)
-        threads = 32 * k.spec.num_warps
+        threads = 32 * k.spec.num_warps + (128 if self.producer else 0)
         symbol = f"nk_{k.name}"  # prefixed: a kernel named like a CUDA builtin (norm, exp) must not clash
+        bounds = f"{threads}, 1" if self.producer else f"{threads}"  # setmaxnreg: one program per SM
         lines = [PRELUDE.strip(), "",
-                 f'extern "C" __global__ void __launch_bounds__({threads}) {symbol}({", ".join(params)}) {{',
+                 f'extern "C" __global__ void __launch_bounds__({bounds}) {symbol}({", ".join(params)}) {{',
                  "  extern __shared__ __align__(1024) unsigned char nk_smem[];  // swizzle atoms are 1024 bytes",
                  "  const int nk_tid = threadIdx.x, nk_lane = nk_tid & 31, nk_warp = nk_tid >> 5;",
                  *(["  const unsigned nk_sbase = (unsigned)__cvta_generic_to_shared(nk_smem);"] if k.smem_bytes else []),
@@ -362,10 +386,10 @@ RULES = {"for": Codegen.loop, "while": Codegen.loop, "if": Codegen.branch, "stor
          "atomic": memory.atomic, "reduce": reduce.reduce_op, "dot": mma.dot, "dot_wait": mma.dot_wait, "alloc": lambda cg, op: None, "slot": lambda cg, op: None,
          "local_store": shared.local_store, "local_load": shared.local_load, "async_copy": shared.async_copy,
          "async_commit": shared.async_commit, "async_wait": shared.async_wait,
-         "barrier": lambda cg, op: cg.emit("__syncthreads();"), "assert": device_assert, "asm": inline_asm,
+         "barrier": lambda cg, op: cg.emit(cg.sync), "assert": device_assert, "asm": inline_asm, "roles": Codegen.roles,
          "fence_async": lambda cg, op: cg.emit('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");'),
          "mbar_init": shared.mbar_init, "mbar_inval": shared.mbar_inval, "mbar_expect": shared.mbar_expect, "tma_load": shared.tma_load,
-         "mbar_wait": shared.mbar_wait}
+         "mbar_wait": shared.mbar_wait, "mbar_arrive": shared.mbar_arrive}
 
 from . import scan  # noqa: E402 - scans and data movement keep their emitters in their own table
 

@@ -182,9 +182,9 @@ def atomic_body(cg, op: ir.Op) -> None:
         base = f"(({t}*)(nk_smem + {cg.defs[id(buf)].attrs['offset']}))"
         e = atomic_expr(op, *[cg.scalar(a) for a in args])
         cg.emit(f"if (nk_tid == 0) {base}[0] = {f'{cg.scalar(mask)} ? {e} : nk_zero<{t}>()' if mask else e};")
-        cg.emit("__syncthreads();")
+        cg.emit(cg.sync)
         cg.emit(f"{t} const {cg.name_of(res)} = {base}[0];")
-        cg.emit("__syncthreads();")  # read by all before thread 0 writes again (a spin loop) or the slot is reused
+        cg.emit(cg.sync)  # read by all before thread 0 writes again (a spin loop) or the slot is reused
         return
     layout = res.layout
     name = cg.array(res)

@@ -76,7 +76,7 @@ def reduce_regs(cg, kind: str, dt, xs: list[str], layout: Layout, axis: int, spa
         for i in range(n):
             f = cg.flat(out, i) if out.shape else "0"
             cg.emit(f"{buf}[({wa}) * {numel} + {f}] = {acc}[{i}];" + (f" {ibuf}[({wa}) * {numel} + {f}] = {idx}[{i}];" if arg else ""))
-        cg.emit("__syncthreads();")
+        cg.emit(cg.sync)
         for i in range(n):
             f = cg.flat(out, i) if out.shape else "0"
             stmts = [f"{acc}[{i}] = {buf}[{f}];" + (f" {idx}[{i}] = {ibuf}[{f}];" if arg else "")]

@@ -105,9 +105,9 @@ def partner_totals(cg, op: ir.Op, xs: list, tot: dict, p: int, kind: str, k: int
             flat = cg.flat(lay, g)
             return f"((({flat} >> {s + p}) << {s}) | ({flat} & {(1 << s) - 1}))"
         if p > first_warp:
-            cg.emit("__syncthreads();")  # the previous level's reads are done
+            cg.emit(cg.sync)  # the previous level's reads are done
         cg.emit_all([f"{at(c, slot(g))} = {v};" for g, t in tot.items() for c, v in enumerate(t)])
-        cg.emit("__syncthreads();")
+        cg.emit(cg.sync)
         fetch = {g: [at(c, f"{slot(g)} ^ {1 << s}") for c in range(len(t))] for g, t in tot.items()}
     out, stmts = {}, []
     for g, exprs in fetch.items():
@@ -125,7 +125,7 @@ def exchange(cg, op: ir.Op) -> None:
     if warp:  # another warp holds it: through the scratch buffer
         buf = f"(({cexpr.ctype(x.type.dtype)}*)(nk_smem + {cg.defs[id(op.args[1])].attrs['offset']}))"
         cg.emit_all([f"{buf}[{cg.flat(lay, i)}] = {v};" for i, v in enumerate(vals)])
-        cg.emit("__syncthreads();")
+        cg.emit(cg.sync)
         cg.define(res, [f"{buf}[{cg.flat(lay, i)} ^ {mask}]" for i in range(lay.nregs)])
     else:
         cg.define(res, [f"nk_shfl_xor({vals[i ^ reg]}, {lane})" if lane else vals[i ^ reg] for i in range(lay.nregs)])
@@ -137,7 +137,7 @@ def gather(cg, op: ir.Op) -> None:
     res, axis, shape = op.result, op.attrs["axis"], src.type.shape
     base = f"(({cexpr.ctype(src.type.dtype)}*)(nk_smem + {cg.defs[id(buf)].attrs['offset']}))"
     cg.emit_all([f"{base}[{cg.flat(src.layout, i)}] = {v};" for i, v in enumerate(cg.regs(src))])
-    cg.emit("__syncthreads();")
+    cg.emit(cg.sync)
     idx = cg.regs(index)
 
     def at(i: int) -> str:
@@ -152,14 +152,14 @@ def histogram(cg, op: ir.Op) -> None:
     res, bins = op.result, op.result.type.shape[0]
     base = f"((int*)(nk_smem + {cg.defs[id(buf)].attrs['offset']}))"
     cg.emit(f"for (int nk_b = nk_tid; nk_b < {bins}; nk_b += {32 * cg.k.spec.num_warps}) {base}[nk_b] = 0;")
-    cg.emit("__syncthreads();")
+    cg.emit(cg.sync)
     masks, owner = cg.regs(mask) if mask is not None else None, cg.owner(x.layout)
     stmts = []
     for i, v in enumerate(cg.regs(x)):
         conds = [owner, masks[i] if masks else "", f"(unsigned long long)(long long)({v}) < {bins}ull"]
         stmts.append(f"if ({' && '.join(c for c in conds if c)}) atomicAdd({base} + (int)({v}), 1);")
     cg.emit_all(stmts, per_line=2)
-    cg.emit("__syncthreads();")
+    cg.emit(cg.sync)
     cg.define(res, [f"{base}[{cg.flat(res.layout, i)}]" for i in range(res.layout.nregs)])
 
 

@@ -211,25 +211,25 @@ def per_slot(cg, bars: ir.Value, ptx: str) -> str:
 
 
 def mbar_init(cg, op: ir.Op) -> None:
-    """Thread 0 sets each slot's barrier to expect one arrival; the fence shows them to the TMA unit, the CTA
-    barrier to every thread."""
-    init = per_slot(cg, op.args[0], "mbarrier.init.shared::cta.b64 [%0], 1;")
-    cg.emit(f'if (nk_tid == 0) {{ {init} asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }}')
-    cg.emit("__syncthreads();")
+    """Thread 0 sets each slot's barrier to expect `count` arrivals (a full barrier: the thread that issues the
+    copies; an empty one: each consumer warp); the fence shows them to the TMA unit, the CTA barrier to every thread."""
+    init = per_slot(cg, op.args[0], f"mbarrier.init.shared::cta.b64 [%0], {op.attrs['count']};")
+    cg.emit(f'if ({cg.issuer}) {{ {init} asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }}')
+    cg.emit(cg.sync)
 
 
 def mbar_inval(cg, op: ir.Op) -> None:
     """After the loop, once every thread has passed its last wait: the barriers are invalidated, so that their bytes
     may hold other data, or barriers made again (a loop inside another)."""
-    cg.emit("__syncthreads();")
-    cg.emit(f'if (nk_tid == 0) {{ {per_slot(cg, op.args[0], "mbarrier.inval.shared::cta.b64 [%0];")} }}')
+    cg.emit(cg.sync)
+    cg.emit(f'if ({cg.issuer}) {{ {per_slot(cg, op.args[0], "mbarrier.inval.shared::cta.b64 [%0];")} }}')
 
 
 def mbar_expect(cg, op: ir.Op) -> None:
     """The one arrival of a slot's phase, by the thread that issues its copies: the phase completes once they
     have written `bytes` (boxes out of bounds count in full, as zeros)."""
     bars, slot, valid = op.args
-    cg.emit(f'if (nk_tid == 0 && {cg.scalar(valid)}) asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, '
+    cg.emit(f'if ({cg.issuer} && {cg.scalar(valid)}) asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, '
             f'[%0], %1;" :: "r"({mbarrier(cg, bars, slot)}), "r"({op.attrs["bytes"]}) : "memory");')
 
 
@@ -242,11 +242,21 @@ def tma_load(cg, op: ir.Op) -> None:
               f'[%1, {{%2, %3}}], [%4];" :: "r"({base} + {at}), "l"((unsigned long long)&nk_map{op.attrs["map"]}), '
               f'"r"((int)({cg.scalar(col)} + {c})), "r"((int)({cg.scalar(row)} + {r})), "r"({bar}) : "memory");'
               for r, c, at in op.attrs["boxes"]]
-    cg.emit(f"if (nk_tid == 0 && {cg.scalar(valid)}) {{ {' '.join(copies)} }}")
+    cg.emit(f"if ({cg.issuer} && {cg.scalar(valid)}) {{ {' '.join(copies)} }}")
 
 
 def mbar_wait(cg, op: ir.Op) -> None:
-    """Every thread waits until the slot's barrier completes the phase of this parity: its copies have landed."""
-    bars, slot, phase = op.args
-    cg.emit(f'asm volatile("{{ .reg .pred p; W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra W; }}" '
+    """Every thread (with a fourth operand, where it is true) waits until the slot's barrier completes the phase of
+    this parity: its copies have landed, or (an empty barrier) its readers have released it."""
+    bars, slot, phase, *valid = op.args
+    wait = (f'asm volatile("{{ .reg .pred p; W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra W; }}" '
             f':: "r"({mbarrier(cg, bars, slot)}), "r"({cg.scalar(phase)}) : "memory");')
+    cg.emit(f"if ({cg.scalar(valid[0])}) {wait}" if valid else wait)
+
+
+def mbar_arrive(cg, op: ir.Op) -> None:
+    """Each warp's arrival on the slot's empty barrier, where the condition holds: its wgmma reading the slot has
+    landed (a warpgroup-wide wait before this), so the producer may overwrite it."""
+    bars, slot, cond = op.args
+    cg.emit(f'__syncwarp(); if (nk_lane == 0 && {cg.scalar(cond)}) asm volatile("mbarrier.arrive.shared::cta.b64 _, '
+            f'[%0];" :: "r"({mbarrier(cg, bars, slot)}) : "memory");')

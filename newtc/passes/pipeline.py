@@ -329,21 +329,38 @@ class Pipeliner:
                    and isinstance(u.args[0].type.dtype, ir.Buffer)
                    and len(readers_of(body, u.result)) == 1 and yield_op.args.index(u.result) + 1
                    == body.params.index(u.args[2])] if s_count >= 3 else []
-        ahead_by = s_count - 1 - (1 if lagging else 0)
         before: list[ir.Op] = []
         runs = self.scalar(before, "gt" if down else "lt", [lo, hi], bool_, span)  # (unread unless a start is checked)
         plans = [self.tma(store, load, inside, before, runs) for store, load, _ in found]  # TMA where it applies
         cp_async = not all(plans)
-        bars = None
+        # warp specialization: a producer warpgroup issues the copies, gated per slot by an `empty` barrier that the
+        # consumers' warps arrive on once the wgmma reading the slot has landed. No CTA barrier in the loop, and the
+        # copies run stages - 1 ahead. For TMA tiles read only by asynchronous wgmma, in a loop at the kernel's top
+        # level after nothing but arithmetic (the producer's threads leave after their loop)
+        ws = (loop.attrs.get("warp_specialize", False) and not cp_async and not inductions
+              and self.k.spec.arch == "sm_90a" and self.k.spec.num_warps % 4 == 0
+              and all(u in lagging for *_, reads in found for u in reads) and self.top_level_after_arithmetic(loop))
+        ahead_by = s_count - 1 - (1 if lagging and not ws else 0)
+        bars = empty = None
         if any(plans):  # one barrier per slot counts the bytes of all the slot's TMA copies
             b = alloc((s_count,), u64, None, span)
             b.attrs["ring"] = True  # its uses are ordered by the pipeline, as the rings' are
-            before += [b, ir.Op("mbar_init", [b.result], [], {}, span)]
+            before += [b, ir.Op("mbar_init", [b.result], [], {"count": 1}, span)]
             bars = b.result
+        if ws:
+            e = alloc((s_count,), u64, None, span)
+            e.attrs["ring"] = True
+            before += [e, ir.Op("mbar_init", [e.result], [], {"count": self.k.spec.num_warps}, span)]
+            empty = e.result
         tma_bytes = sum(ir.buffer_bytes(store.args[0]) for (store, *_), plan in zip(found, plans) if plan)
 
-        def copies(out: list, new_iv: ir.Value, bases: list, times: int, slot: ir.Value, rings: list) -> None:
+        def copies(out: list, new_iv: ir.Value, bases: list, times: int, slot: ir.Value, rings: list,
+                   free: ir.Value | None = None) -> None:
+            """The copies of iteration new_iv into `slot`; with `free` (the producer's parity of the slot's empty
+            barrier), once the consumers have released the slot."""
             valid = self.scalar(out, "gt" if down else "lt", [new_iv, hi], bool_, span)
+            if free is not None:
+                out.append(ir.Op("mbar_wait", [empty, slot, free, valid], [], {}, span))
             memo: dict = {id(iv): new_iv}
             self.later(out, memo, inside, inductions, bases, times, span)
             if bars is not None:
@@ -385,7 +402,7 @@ class Pipeliner:
         # the loop: read slot r, write slot w, both carried, and with TMA the phase of slot r's barrier
         r_slot, w_slot = ir.Value(Type((), i32), "slot_r"), ir.Value(Type((), i32), "slot_w")
         phase = ir.Value(Type((), i32), "phase")
-        carried = [(r_slot, 0), (w_slot, ahead_by)] + ([(phase, 0)] if bars is not None else [])
+        carried = [(r_slot, 0)] + ([] if ws else [(w_slot, ahead_by)]) + ([(phase, 0)] if bars is not None else [])
         body.params += [v for v, _ in carried]
         loop.args += [self.const(before, start, i32, span) for _, start in carried]
         loop.results += [ir.Value(Type((), i32)) for _ in carried]
@@ -394,13 +411,23 @@ class Pipeliner:
             head.append(ir.Op("mbar_wait", [bars, r_slot, phase], [], {}, span))
         if any(u.kind in ("dot", "trans") for *_, reads in found for u in reads):  # tensor cores: the async proxy
             head.append(ir.Op("fence_async", [], [], {}, span))
-        head.append(ir.Op("barrier", [], [], {}, span))
+        if not ws:
+            head.append(ir.Op("barrier", [], [], {}, span))
         issue: list[ir.Op] = []
-        ahead = self.scalar(issue, "add", [iv, self.scalar(issue, "mul", [self.const(issue, ahead_by, iv.type.dtype,
-                                                                                      span), step], iv.type.dtype, span)],
-                            iv.type.dtype, span)
-        ahead.facts = iv.facts
-        copies(issue, ahead, [p for p, *_ in inductions], ahead_by, w_slot, rings)
+        if ws:  # the producer's loop: the same iterations, each issuing the copies stages - 1 ahead of it
+            p_iv, free = ir.Value(iv.type, iv.name, iv.layout, iv.facts), ir.Value(Type((), i32), "free")
+            producer: list[ir.Op] = []
+            ahead = self.advance(producer, p_iv, ahead_by, step, span)
+            copies(producer, ahead, [], ahead_by, w_slot, rings, free)
+            nexts = self.wrap(producer, w_slot, free, s_count, span)
+            producer.append(ir.Op("yield", nexts, [], {}, span))
+            p_loop = ir.Op("for", [lo, hi, step, self.const(before, ahead_by, i32, span), self.const(before, 1, i32, span)],
+                           [ir.Value(Type((), i32)), ir.Value(Type((), i32))], {}, span,
+                           [ir.Region([p_iv, w_slot, free], producer)])
+            roles = ir.Op("roles", [], [], {"consumers": 32 * self.k.spec.num_warps}, span, [ir.Region([], [p_loop])])
+        else:
+            ahead = self.advance(issue, iv, ahead_by, step, span)
+            copies(issue, ahead, [p for p, *_ in inductions], ahead_by, w_slot, rings)
         dead = set()
         for (store, load, reads), ring in zip(found, rings):
             dead |= {id(store), id(load), id(self.defs[id(store.args[0])])}
@@ -410,21 +437,20 @@ class Pipeliner:
                 u.args = [view if a is store.args[0] else a for a in u.args]
         *rest, _ = [op for op in body.ops if id(op) not in dead]
         tail: list[ir.Op] = []
-        nexts, stay = [], []
-        for slot in (r_slot, w_slot):
-            one = self.scalar(tail, "add", [slot, self.const(tail, 1, i32, span)], i32, span)
-            stay.append(self.scalar(tail, "lt", [one, self.const(tail, s_count, i32, span)], bool_, span))
-            nexts.append(self.scalar(tail, "where", [stay[-1], one, self.const(tail, 0, i32, span)], i32, span))
-        if bars is not None:  # the phase flips when slot r wraps around the ring
-            flip = self.scalar(tail, "sub", [self.const(tail, 1, i32, span), phase], i32, span)
-            nexts.append(self.scalar(tail, "where", [stay[0], phase, flip], i32, span))
-        yield_op.args = list(yield_op.args) + nexts
+        r_next = self.wrap(tail, r_slot, phase if bars is not None else None, s_count, span)  # slot r, and its phase
+        w_next = [] if ws else self.wrap(tail, w_slot, None, s_count, span)
+        yield_op.args = list(yield_op.args) + r_next[:1] + w_next + r_next[1:]
         # the later copies go out first, except with asynchronous wgmma: its tensor-core work starts first, the copies
         # are issued while it runs, then one group is waited for (the one that read the slot two iterations back)
         for dot in lagging:
             landed = ir.Value(dot.result.type, dot.result.name, dot.result.layout)
             issue.append(ir.Op("dot_wait", [dot.result], [landed], {"pending": 1}, span))
             yield_op.args = [landed if a is dot.result else a for a in yield_op.args]
+        if ws:  # the group waited for read the previous iteration's slot: its warps release it to the producer
+            first = self.scalar(issue, "ne", [iv, lo], bool_, span)
+            back = self.scalar(issue, "add", [r_slot, self.const(issue, s_count - 1, i32, span)], i32, span)
+            prev = self.scalar(issue, "mod", [back, self.const(issue, s_count, i32, span)], i32, span)
+            issue.append(ir.Op("mbar_arrive", [empty, prev, first], [], {}, span))
         body.ops = head + (rest + issue if lagging else issue + rest) + tail + [yield_op]
         after = [ir.Op("async_wait", [], [], {"pending": 0}, span)] if cp_async else []
         for dot in lagging:  # the accumulator is read after the loop once its last group has landed
@@ -435,10 +461,35 @@ class Pipeliner:
             at = parent.ops.index(loop)
             for op in parent.ops[at + 1:]:
                 replace_uses(op, result, landed)
-        if bars is not None:  # once every thread is done waiting: the bytes may be reused, or the loop run again
-            after.append(ir.Op("mbar_inval", [bars], [], {}, span))
+        for b in (bars, empty):  # once every thread is done waiting: the bytes may be reused, or the loop run again
+            if b is not None:
+                after.append(ir.Op("mbar_inval", [b], [], {}, span))
         at = parent.ops.index(loop)
-        parent.ops[at:at + 1] = before + [loop] + after
+        parent.ops[at:at + 1] = before + ([roles] if ws else []) + [loop] + after
+
+    def advance(self, out: list, v: ir.Value, times: int, step: ir.Value, span) -> ir.Value:
+        """v + times * step, with v's facts."""
+        t = v.type.dtype
+        res = self.scalar(out, "add", [v, self.scalar(out, "mul", [self.const(out, times, t, span), step], t, span)],
+                          t, span)
+        res.facts = v.facts
+        return res
+
+    def wrap(self, out: list, slot: ir.Value, phase: ir.Value | None, count: int, span) -> list:
+        """The next slot of a ring of `count`, and with `phase`, the barrier parity, which flips when the slot wraps."""
+        one = self.scalar(out, "add", [slot, self.const(out, 1, i32, span)], i32, span)
+        stay = self.scalar(out, "lt", [one, self.const(out, count, i32, span)], bool_, span)
+        nexts = [self.scalar(out, "where", [stay, one, self.const(out, 0, i32, span)], i32, span)]
+        if phase is not None:
+            flip = self.scalar(out, "sub", [self.const(out, 1, i32, span), phase], i32, span)
+            nexts.append(self.scalar(out, "where", [stay, phase, flip], i32, span))
+        return nexts
+
+    def top_level_after_arithmetic(self, loop: ir.Op) -> bool:
+        """The loop is in the kernel's body, and only arithmetic comes before it: what the producer's threads run."""
+        ops = self.k.body.ops
+        return loop in ops and all(op.kind in PURE | {"program_id", "num_programs", "assert", "alloc", "mbar_init"}
+                                   and not op.regions for op in ops[:ops.index(loop)])
 
 
 def readers_of(r: ir.Region, v: ir.Value) -> list:
