@@ -731,6 +731,17 @@ def test_warp_specialized_loop_releases_slots_instead_of_a_cta_barrier():
     assert "setmaxnreg" not in plain and "__launch_bounds__(256)" in plain
 
 
+def test_warp_specialization_registers_come_from_the_programs_own_pool():
+    """setmaxnreg moves registers within the pool a program got at launch (threads x the launch bounds' count):
+    the consumers grow only by what the producer gives back, or keep theirs; a launch past 1024 threads is not
+    specialized. The counts at launch are ptxas's for those bounds (cuobjdump: 255, 168, 96)."""
+    from newtc.passes.pipeline import producer_registers
+    assert [producer_registers(w) for w in (4, 8, 16, 32)] == [(40, None), (40, 232), (40, 104), None]
+    for warps, pool in ((8, 384 * 168), (16, 640 * 96)):
+        producer, consumer = producer_registers(warps)
+        assert 128 * producer + 32 * warps * consumer <= pool
+
+
 def test_replicated_copies_into_shared_memory_are_issued_once():
     """A tile smaller than its copy layout (16x16 f16 over 4 warps of 16-byte vectors) is held by several threads:
     only one of them issues each cp.async (others would race on the same bytes, racecheck's complaint)."""

@@ -376,6 +376,27 @@ def test_the_launcher_encodes_each_tensor_map_from_the_arguments(monkeypatch):
 
 
 @pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("tile", [(256, 128, 64, 16, 4), (128, 256, 64, 8, 3), (64, 64, 64, 4, 6)], ids=str)
+def test_warp_specialized_matmul_on_every_trip_count(device, tile):
+    """The warp-specialized pointer matmul (16, 8 and 4 consumer warps: the consumers grow, grow less, keep their
+    registers) against torch, NaN past every edge, on K of 0 (no loop), 40 and 100 (the prologue's copies only),
+    (stages - 1) * BK (exactly the prologue), 1000 (the producer laps the ring) and ragged M and N."""
+    bm, bn, bk, warps, stages = tile
+    shapes = [(40, 72, 56)] if device == "cpu" else [(m, n, k) for m, n in ((300, 264), (bm, bn))
+                                                     for k in (0, 40, 100, (stages - 1) * bk, 1000)]
+    kernel = ops._stdlib("matmul").matmul
+    for m, n, k in shapes:
+        a, b = padded(m, k, torch.float16, device), padded(k, n, torch.float16, device)
+        c = padded(m, n, torch.float16, device).fill_(math.nan)
+        args = (a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride())
+        meta = dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, WS=True, num_warps=warps, num_stages=stages)
+        kernel[(cdiv(m, bm) * cdiv(n, bn),)](*args, **meta)
+        ref = a.double() @ b.double()
+        err = ((c.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+        assert torch.isfinite(c).all() and err < 1e-2, (m, n, k, tile, err)
+
+
+@pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", ["matmul_tma", "matmul"])
 @pytest.mark.parametrize("ws", [False, True])

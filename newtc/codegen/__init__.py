@@ -23,8 +23,6 @@ KEYWORDS = set("""alignas alignof asm auto bitand bitor bool case catch char cha
     not_eq nullptr operator or_eq private protected public register reinterpret_cast requires restrict short signed
     sizeof static static_assert static_cast struct switch template this thread_local throw typedef typeid typename
     union unsigned using virtual void volatile wchar_t xor xor_eq and_eq""".split())
-REGISTERS = 65536  # 32-bit registers per SM (sm_80, sm_90)
-PRODUCER_REGS = 40  # a producer warpgroup's registers per thread: it only counts slots and issues copies
 CALLED = re.compile(r"\b([A-Za-z_]\w*)\(")  # functions and casts the generated source calls: a parameter may not shadow one
 
 
@@ -287,11 +285,12 @@ class Codegen:
         self.emit("}")
 
     def roles(self, op: ir.Op) -> None:
-        """The producer warpgroup gives most of its registers to the consumers, its first thread runs the producer's
-        region, and all of it leaves; from here on, a barrier counts the consumers' threads only."""
-        consumers = op.attrs["consumers"]
+        """The producer warpgroup gives most of its registers to the consumers (passes.pipeline.producer_registers),
+        its first thread runs the producer's region, and all of it leaves; from here on, a barrier counts the
+        consumers' threads only."""
+        consumers, (producer, regs) = op.attrs["consumers"], op.attrs["registers"]
         self.emit(f"if (nk_tid >= {consumers}) {{")
-        self.emit(f'  asm volatile("setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGS};");')
+        self.emit(f'  asm volatile("setmaxnreg.dec.sync.aligned.u32 {producer};");')
         self.emit(f"  if (nk_tid == {consumers}) {{")
         issuer, self.issuer, self.depth = self.issuer, "true", self.depth + 1
         self.nested(op.regions[0], [], stage=False)
@@ -299,8 +298,8 @@ class Codegen:
         self.emit("  }")
         self.emit("  return;")
         self.emit("}")
-        regs = min(256, (REGISTERS - 128 * PRODUCER_REGS) // consumers // 8 * 8)
-        self.emit(f'asm volatile("setmaxnreg.inc.sync.aligned.u32 {regs};");')
+        if regs is not None:
+            self.emit(f'asm volatile("setmaxnreg.inc.sync.aligned.u32 {regs};");')
         self.sync = f'asm volatile("bar.sync 1, {consumers};" ::: "memory");'
 
     # ---- the kernel --------------------------------------------------------------------------

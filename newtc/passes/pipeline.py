@@ -337,9 +337,10 @@ class Pipeliner:
         # consumers' warps arrive on once the wgmma reading the slot has landed. No CTA barrier in the loop, and the
         # copies run stages - 1 ahead. For TMA tiles read only by asynchronous wgmma, in a loop at the kernel's top
         # level after nothing but arithmetic (the producer's threads leave after their loop)
-        ws = (loop.attrs.get("warp_specialize", False) and not cp_async and not inductions
-              and self.k.spec.arch == "sm_90a" and self.k.spec.num_warps % 4 == 0
-              and all(u in lagging for *_, reads in found for u in reads) and self.top_level_after_arithmetic(loop))
+        regs = producer_registers(self.k.spec.num_warps)
+        ws = (loop.attrs.get("warp_specialize", False) and not cp_async and not inductions and regs is not None
+              and self.k.spec.arch == "sm_90a" and all(u in lagging for *_, reads in found for u in reads)
+              and self.top_level_after_arithmetic(loop))
         ahead_by = s_count - 1 - (1 if lagging and not ws else 0)
         bars = empty = None
         if any(plans):  # one barrier per slot counts the bytes of all the slot's TMA copies
@@ -424,7 +425,8 @@ class Pipeliner:
             p_loop = ir.Op("for", [lo, hi, step, self.const(before, ahead_by, i32, span), self.const(before, 1, i32, span)],
                            [ir.Value(Type((), i32)), ir.Value(Type((), i32))], {}, span,
                            [ir.Region([p_iv, w_slot, free], producer)])
-            roles = ir.Op("roles", [], [], {"consumers": 32 * self.k.spec.num_warps}, span, [ir.Region([], [p_loop])])
+            roles = ir.Op("roles", [], [], {"consumers": 32 * self.k.spec.num_warps, "registers": regs}, span,
+                          [ir.Region([], [p_loop])])
         else:
             ahead = self.advance(issue, iv, ahead_by, step, span)
             copies(issue, ahead, [p for p, *_ in inductions], ahead_by, w_slot, rings)
@@ -490,6 +492,24 @@ class Pipeliner:
         ops = self.k.body.ops
         return loop in ops and all(op.kind in PURE | {"program_id", "num_programs", "assert", "alloc", "mbar_init"}
                                    and not op.regions for op in ops[:ops.index(loop)])
+
+
+REGISTERS = 65536  # 32-bit registers per SM (sm_90)
+PRODUCER_REGS = 40  # a producer warpgroup's registers per thread: it only counts slots and issues copies
+
+
+def producer_registers(num_warps: int) -> tuple | None:
+    """(producer, consumer) registers per thread after setmaxnreg (consumer None: they keep theirs), for num_warps
+    consumer warps and a producer warpgroup; None where the launch would pass 1024 threads. A program's pool is
+    what its launch got: every thread at the launch bounds' count (65536 / threads, in steps of 8, at most 256),
+    so the consumers grow only by what the producer gives back (at 8 warps: 168 each at launch, 40 and 232 after;
+    at 16: 96, then 40 and 104)."""
+    threads = 32 * num_warps + 128
+    if num_warps % 4 or threads > 1024:
+        return None
+    start = min(256, REGISTERS // threads // 8 * 8)
+    grown = min(256, (threads * start - 128 * PRODUCER_REGS) // (32 * num_warps) // 8 * 8)
+    return PRODUCER_REGS, grown if grown > start else None
 
 
 def readers_of(r: ir.Region, v: ir.Value) -> list:
