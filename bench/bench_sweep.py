@@ -1,24 +1,34 @@
 """The row-op sweep: softmax, layernorm, rmsnorm and cross-entropy on every width x rows x dtype, newt
 (newtc.ops as shipped) against Triton's best and torch, as % of the copy bandwidth.
 
-    python bench/bench_sweep.py [--quick] [--ops softmax,layernorm] [--dtypes f32,bf16] [--append bench/RESULTS.md]
+    python bench/bench_sweep.py [--quick] [--ops softmax,layernorm] [--dtypes f32,bf16] [--widths 1000,4096]
+                                [--rows 1,4096] [--append bench/RESULTS.md]
+    python bench/bench_sweep.py --merge A/sweep.json B/sweep.json [--append bench/RESULTS.md]
 
 Triton's best is the fastest of a few configurations per point: one row per program in a single block
 (num_warps 1-32 around the tutorial's rule) where the row fits one block of at most 32768 elements, and
-its looped online form (blocks of 4096 and 8192) for rows above 4096. Every implementation's result is
-checked against torch in f32 first; a wrong one is not timed. Times are do_bench medians with L2 flushed
-before each run (the flush also hides the host's launch cost, so they are GPU times).
+its looped online form (blocks of 4096 and 8192) for rows above 4096. At each point, every candidate
+(newt, each Triton configuration, torch) is run once and its result checked against torch in f32; a wrong
+one is not timed. Then the right ones are timed in rounds (2 with --quick, else 3), each round in an order
+rotated by one, so that none is always timed first (after the compiles' CPU gap, when the GPU's clocks
+may have fallen). A candidate's time is the least of its rounds' do_bench medians, with L2 flushed before
+each run (the flush also hides the host's launch cost, so they are GPU times); an implementation's time
+is its best candidate's.
 
+The full sweep takes more than one 10-minute call: run it in chunks (--ops, --dtypes, --widths, --rows),
+each with its own $OUT, then --merge their sweep.json files (no GPU needed).
 With $OUT set: sweep.md (the summary, ready for RESULTS.md), sweep_points.md (every point), sweep.json
 and sweep.png (a heat map per op and dtype: width x rows colored by newt / the better of Triton and torch).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import common
@@ -103,19 +113,37 @@ def cases(torch) -> tuple[dict, object]:
     }, tk
 
 
-def timed(fn, args, ref, tol: float, quick: bool) -> float | str:
-    """Median ms of fn(*args) after checking its result; a failure cell if it is wrong or fails."""
+def check(fn, args, ref, tol: float) -> str | None:
+    """Run fn(*args) once (newt compiles on its first run) against the f32 reference: None if right, else a
+    failure cell."""
     import torch
     try:
         out = fn(*args)
         err = float((out.float() - ref).norm() / ref.norm().clamp_min(1e-12))
         if not err < tol or not bool(torch.isfinite(out).all()):
             return f"wrong: relative error {err:.2g}"
-        del out
-        from triton.testing import do_bench
-        return do_bench(lambda: fn(*args), warmup=1 if quick else 2, rep=4 if quick else 8, return_mode="median")
     except Exception as e:
         return failure(e)
+    return None
+
+
+def timed(impls: dict, args, ref, tol: float, quick: bool) -> dict:
+    """{name: [candidates] or a failure cell} -> {name: median ms of its best candidate, or a failure cell}:
+    all candidates checked first, then the right ones timed in rounds of rotated order, each keeping its best."""
+    from triton.testing import do_bench
+    rounds, warmup, rep = (2, 1, 4) if quick else (3, 2, 8)  # warmup, rep: ms of runs per round, as do_bench counts
+    fns = [f for fs in impls.values() if not isinstance(fs, str) for f in fs]
+    ms = [check(f, args, ref, tol) or math.inf for f in fns]
+    ok = [i for i, t in enumerate(ms) if t == math.inf]
+    for r in range(rounds):
+        for i in (ok[(r + j) % len(ok)] for j in range(len(ok))):
+            if isinstance(ms[i], float):  # not failed in an earlier round
+                try:
+                    ms[i] = min(ms[i], do_bench(lambda: fns[i](*args), warmup=warmup, rep=rep, return_mode="median"))
+                except Exception as e:
+                    ms[i] = failure(e)
+    times = iter(ms)
+    return {name: fs if isinstance(fs, str) else best([next(times) for _ in fs]) for name, fs in impls.items()}
 
 
 def best(times: list) -> float | str:
@@ -123,27 +151,28 @@ def best(times: list) -> float | str:
     return min(ok) if ok else (times[0] if times else "-")
 
 
-def points(quick: bool, ops, dtypes):
+def points(ops, dtypes, widths, heights):
     for op in ops:
         for dt in dtypes:
-            for n in (QUICK_WIDTHS if quick else WIDTHS):
-                for m in (QUICK_ROWS if quick else ROWS):
+            for n in widths:
+                for m in heights:
                     if m * n * {"f32": 4, "f16": 2, "bf16": 2}[dt] <= MAX_INPUT:
                         yield op, dt, m, n
 
 
-def measure(quick: bool, ops, dtypes) -> list[dict]:
+def measure(quick: bool, ops, dtypes, widths, heights) -> list[dict]:
     import torch
     dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    todo = list(points(ops, dtypes, widths, heights))
+    print(f"sweep: {len(todo)} points", flush=True)
     copy = copy_gbps(quick)
     (all_cases, tk), rows, started = cases(torch), [], time.perf_counter()
-    for op, dt, m, n in points(quick, ops, dtypes):
+    for op, dt, m, n in todo:
         case = all_cases[op]
         torch.manual_seed(m * 7919 + n)
         args = case.make(m, n, dtype[dt])
         ref = case.reference(*args)
-        ms = {name: fns if isinstance(fns, str) else best([timed(f, args, ref, TOL[dt], quick) for f in fns])
-              for name, fns in case.impls(n, tk).items()}
+        ms = timed(case.impls(n, tk), args, ref, TOL[dt], quick)
         del args, ref
         moved = case.nbytes(m, n, 4 if dt == "f32" else 2)
         pct = {name: 100 * moved / t / 1e6 / copy if isinstance(t, float) else t for name, t in ms.items()}
@@ -223,12 +252,19 @@ def plot(rows: list[dict], path) -> None:
     fig.savefig(path, dpi=130)
 
 
-def run(quick=False, ops=OPS, dtypes=DTYPES, append=None):
+def run(quick=False, ops=OPS, dtypes=DTYPES, append=None, widths=None, heights=None):
+    """Measure the points (widths and heights default to the quick or the full sweep's) and report them."""
     started = time.perf_counter()
-    rows = measure(quick, ops, dtypes)
+    rows = measure(quick, ops, dtypes, widths or (QUICK_WIDTHS if quick else WIDTHS),
+                   heights or (QUICK_ROWS if quick else ROWS))
+    return report(rows, f"{'quick' if quick else 'full'}: {', '.join(ops)}; {', '.join(dtypes)}",
+                  f"{time.perf_counter() - started:.0f} s, copy {copy_gbps(quick):.0f} GB/s", append)
+
+
+def report(rows: list[dict], what: str, how: str, append=None) -> list[Table]:
+    """Write the sweep's files under $OUT (and append the summary to `append`); its tables."""
     tables = [summary(rows), worst(rows)]
-    head = f"### Sweep ({'quick' if quick else 'full'}: {', '.join(ops)}; {', '.join(dtypes)}), " \
-           f"{time.perf_counter() - started:.0f} s, copy {copy_gbps(quick):.0f} GB/s"
+    head = f"### Sweep ({what}), {len(rows)} points, {how}"
     text = "\n\n".join([head] + [t.markdown().replace("### ", "#### ", 1) for t in tables]) + "\n"
     common.write("sweep.md", text)
     common.write("sweep_points.md", Table("every point", rows).markdown() + "\n")
@@ -241,21 +277,50 @@ def run(quick=False, ops=OPS, dtypes=DTYPES, append=None):
     return tables
 
 
+def merge(paths: list[str], append=None) -> list[Table]:
+    """Report the points that chunks of the sweep wrote (their sweep.json files) as one sweep."""
+    def key(r: dict) -> tuple:  # the order in which points() yields them
+        return OPS.index(r["op"]), DTYPES.index(r["dtype"]), r["width"], r["rows"]
+    rows = sorted((r for path in paths for r in json.loads(Path(path).read_text())), key=key)
+    if any(key(a) == key(b) for a, b in zip(rows, rows[1:])):
+        raise SystemExit("--merge: a point is in more than one chunk")
+    ops = [o for o in OPS if any(r["op"] == o for r in rows)]
+    dtypes = [d for d in DTYPES if any(r["dtype"] == d for r in rows)]
+    return report(rows, f"{', '.join(ops)}; {', '.join(dtypes)}", f"merged from {len(paths)} chunks", append)
+
+
+def subset(choices):
+    """An argparse type: a comma-separated subset of choices, returned in their order."""
+    def parse(text: str) -> list:
+        given = text.split(",")
+        if bad := [x for x in given if x not in map(str, choices)]:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(bad)}; choose from {','.join(map(str, choices))}")
+        return [c for c in choices if str(c) in given]
+    return parse
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help=f"widths {QUICK_WIDTHS} x rows {QUICK_ROWS} only")
-    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
-    p.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma-separated subset of {','.join(DTYPES)}")
+    p.add_argument("--quick", action="store_true", help=f"widths {QUICK_WIDTHS} x rows {QUICK_ROWS}, 2 rounds")
+    p.add_argument("--ops", type=subset(OPS), default=list(OPS), help=f"comma-separated subset of {','.join(OPS)}")
+    p.add_argument("--dtypes", type=subset(DTYPES), default=list(DTYPES),
+                   help=f"comma-separated subset of {','.join(DTYPES)}")
+    p.add_argument("--widths", type=subset(WIDTHS), help="comma-separated subset of the full sweep's widths "
+                   f"{','.join(map(str, WIDTHS))} (default: all, or the quick ones)")
+    p.add_argument("--rows", type=subset(ROWS), help="comma-separated subset of the full sweep's rows "
+                   f"{','.join(map(str, ROWS))} (default: all, or the quick ones)")
+    p.add_argument("--merge", nargs="+", metavar="FILE.json", help="no measuring: report the points in these "
+                   "sweep.json files (chunks of the sweep) as one sweep")
     p.add_argument("--append", metavar="PATH", help="append the summary to this file (bench/RESULTS.md)")
     args = p.parse_args()
-    ops, dtypes = args.ops.split(","), args.dtypes.split(",")
-    if bad := (set(ops) - set(OPS)) | (set(dtypes) - set(DTYPES)):
-        p.error(f"unknown {', '.join(sorted(bad))}")
-    if not common.cuda_available():
+    if args.merge:
+        tables = merge(args.merge, args.append)
+    elif not common.cuda_available():
         print("no CUDA GPU: nothing to benchmark")
         return
-    print(f"sweep: {len(list(points(args.quick, ops, dtypes)))} points", flush=True)
-    for t in run(args.quick, ops, dtypes, args.append):
+    else:
+        tables = run(args.quick, args.ops, args.dtypes, args.append, args.widths, args.rows)
+    for t in tables:
         print(t.markdown() + "\n")
 
 

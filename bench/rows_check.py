@@ -6,8 +6,8 @@ With no points, the sweep's weak ones (bench/RESULTS.md) and their neighbours: s
 per SM (bound by latency), and many long rows (the norms' moment pass). For each point: the model's plan
 (`newtc.ops.plan`), the other whole-row warps and rows per program of its block, looped plans of 4-32 warps
 and 8 or 16 elements a step, split plans of 4-16 warps and a few chunk counts, one wave and more (up to 1024
-rows), then Triton's best and torch. Each is checked against torch in f32 before it is timed (bench_sweep.timed:
-do_bench, L2 flushed).
+rows), then Triton's best and torch. All are run and checked against torch in f32 first, then the right ones
+timed in rounds of rotated order, as in the sweep (bench_sweep.timed: do_bench, L2 flushed).
 With $OUT set: rows_check.md and rows_check.json.
 """
 from __future__ import annotations
@@ -53,6 +53,16 @@ def alternatives(ops, op: str, m: int, n: int, s: int) -> list:
     return list(dict(out).items())  # one of each name
 
 
+def forced(ops, plan, fn):
+    """fn under `plan`, with its own bound launches (ops' fast path), so that the plans can run in any order."""
+    fast = {}
+
+    def call(*args):
+        ops.plan, ops._fast = (lambda *a, **k: plan), fast
+        return fn(*args)
+    return call
+
+
 def run(points: list[str], quick: bool) -> list[Table]:
     import torch
     from newtc import ops
@@ -60,7 +70,7 @@ def run(points: list[str], quick: bool) -> list[Table]:
     cases, tk = bs.cases(torch)
     dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
     tables, log = [], []
-    real = ops.plan
+    real = ops.plan, ops._fast
     for point in points:
         op, dt, shape = point.split(":")
         m, n = map(int, shape.split("x"))
@@ -69,19 +79,13 @@ def run(points: list[str], quick: bool) -> list[Table]:
         args = case.make(m, n, dtype[dt])
         ref = case.reference(*args)
         moved = case.nbytes(m, n, SIZE[dt])
-        results = {}
+        impls = {name: [forced(ops, p, case.newt)]
+                 for name, p in alternatives(ops, "norm" if op.endswith("norm") else op, m, n, SIZE[dt])}
+        impls |= {name: fns for name, fns in case.impls(n, tk).items() if name != "newt"}
         try:
-            for name, p in alternatives(ops, "norm" if op.endswith("norm") else op, m, n, SIZE[dt]):
-                ops.plan = lambda *a, _p=p, **k: _p
-                ops._fast.clear()
-                results[name] = bs.timed(case.newt, args, ref, bs.TOL[dt], quick)
+            results = bs.timed(impls, args, ref, bs.TOL[dt], quick)
         finally:
-            ops.plan = real
-            ops._fast.clear()
-        for name, fns in case.impls(n, tk).items():
-            if name != "newt":
-                results[name] = fns if isinstance(fns, str) else bs.best([bs.timed(f, args, ref, bs.TOL[dt], quick)
-                                                                        for f in fns])
+            ops.plan, ops._fast = real
         del args, ref
         torch.cuda.empty_cache()
         rows = [{"launch": k, "us": t * 1e3 if isinstance(t, float) else t,
