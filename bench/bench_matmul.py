@@ -4,8 +4,8 @@ TFLOP/s.
 
     python bench/bench_matmul.py [--quick] [--sweep]
 
---sweep also times newt's kernel over a grid of tile configurations on 4096^3, warp-specialized (ws) or not (to tune
-ops._matmul_config).
+--sweep also times newt's kernel over a grid of tile configurations on 4096^3 (to tune ops._matmul_config):
+warp-specialized (ws) or not, a program per tile or persistent (a program per SM walking the tiles).
 """
 from __future__ import annotations
 
@@ -137,18 +137,22 @@ def sweep_configs(quick: bool) -> Table:
         a, b = (torch.randn(m, k, device="cuda", dtype=dtype) for _ in range(2))
         c = torch.empty(m, n, device="cuda", dtype=dtype)
         ref = a.float() @ b.float()
-        for bm, bn, bk, w, s, ws in ((128, 256, 64, 8, 4, False), (128, 256, 64, 8, 4, True), (128, 256, 64, 8, 3, True),
-                                     (256, 128, 64, 8, 4, False), (256, 128, 64, 8, 4, True), (128, 256, 32, 8, 6, False),
-                                     (128, 256, 32, 8, 7, True), (128, 128, 64, 4, 4, True), (128, 128, 64, 8, 4, True),
-                                     (128, 128, 64, 4, 3, False)):
-            grid = (-(-m // bm) * -(-n // bn),)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        for bm, bn, bk, w, s, ws, persistent in (
+                (128, 256, 64, 8, 4, False, False), (128, 256, 64, 8, 4, False, True), (128, 256, 32, 8, 6, False, False),
+                (128, 256, 64, 8, 3, True, False), (128, 256, 64, 8, 3, True, True), (128, 256, 32, 8, 6, True, True),
+                (256, 128, 64, 8, 3, True, True), (256, 128, 64, 16, 3, True, True), (128, 128, 64, 4, 4, True, True),
+                (128, 128, 64, 4, 3, False, False)):
+            tiles = -(-m // bm) * -(-n // bn)
+            grid = (min(tiles, sms) if persistent else tiles,)
 
             def fn():
                 mod.matmul[grid](a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), BM=bm, BN=bn, BK=bk,
                                  GROUP_M=8, WS=ws, num_warps=w, num_stages=s)
                 return c
             t = timed(fn, ref, quick)
-            rows.append({"dtype": str(dtype)[6:], "config": f"{bm}x{bn}x{bk} w{w} s{s}{' ws' if ws else ''}",
+            rows.append({"dtype": str(dtype)[6:], "config": f"{bm}x{bn}x{bk} w{w} s{s}{' ws' if ws else ''}"
+                                                            f"{' persistent' if persistent else ''}",
                          "TFLOP/s": tflops(m, n, k, t)})
             print(rows[-1], flush=True)
     return Table("newt matmul configurations, 4096^3", rows)

@@ -662,14 +662,16 @@ def _arch(t: Tensor) -> str:
     return driver.arch(t.get_device()) if t.is_cuda else "sm_90a"
 
 
-def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", sms: int = Gpu.sms) -> dict:
+def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", sms: int = Gpu.sms,
+                   ws: bool = False) -> dict:
     """Tile sizes by shape (a small table until the autotuner picks them): the 128x256 tile with 8 warps
     (two warpgroups) and a 4-slot ring for large products (measured on an H200: 621 TFLOP/s at 4096^3 f16
     against 504 with 3 slots, which leave asynchronous wgmma only one tile of prefetch). Few rows (decoding)
     stream B from memory: the width whose programs fill the SMs in the fewest waves of columns (the wider on a
     tie: A is read once per program), and up to 6 slots of 256 (else 128) K a step, for 150-200 KB of loads in
     flight per SM (measured at 16x4096x4096 and 64x8192x8192: 1.2-1.26x the 4-slot ring of 128). f32 (tf32)
-    halves BK."""
+    halves BK. With `ws` (a producer warpgroup), the ring stays in use while the tile's output goes out through
+    shared memory, so the slots share the limit with that."""
     smem_limit = smem.LIMIT.get(arch, 48 * 1024)
     if m <= 64:
         bm = max(16, _pow2(m))
@@ -684,7 +686,8 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
         cfg["BK"] //= 2
     cfg["BK"] = min(cfg["BK"], max(16, _pow2(k)))
     ring = (cfg["BM"] + cfg["BN"]) * cfg["BK"] * itemsize  # one slot of the A and B rings
-    cfg["num_stages"] = max(2, min(cfg["num_stages"], smem_limit // ring))
+    out = cfg["BM"] * cfg["BN"] * itemsize if ws else 0
+    cfg["num_stages"] = max(2, min(cfg["num_stages"], (smem_limit - out) // ring))
     return cfg
 
 

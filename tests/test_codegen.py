@@ -88,7 +88,7 @@ def matmul(kernel, label, dt, m, n, k, *expect, activation="none", transposed=Fa
     aligned = [name for name, t in sig.items() if isinstance(t, Ptr)] + [x for x, v in values.items() if v % 16 == 0]
     out = []
     for arch in archs:
-        cfg = _matmul_config(m, n, k, dt.itemsize, arch)
+        cfg = _matmul_config(m, n, k, dt.itemsize, arch, ws=ws)
         nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
         s = spec("matmul", kernel, f"{label}-{arch}", sig, {**cfg, "GROUP_M": 8, "ACTIVATION": activation, "WS": ws}, nw,
                  *expect, aligned=aligned, num_stages=ns, ones=[x for x, v in values.items() if v == 1],
@@ -711,8 +711,8 @@ def test_a_scalar_atomic_is_read_by_every_thread_before_the_next():
 
 def test_warp_specialized_loop_releases_slots_instead_of_a_cta_barrier():
     """range(warp_specialize=True) on sm_90a: a fourth warpgroup (the producer) gives up registers and its first
-    thread issues every copy after the prologue, each once the consumers' warps have released the slot; the consumers'
-    loop has no CTA barrier, and every barrier after the split counts the consumers' 256 threads only. On sm_80 (no
+    thread issues every copy, each once the consumers' warps have released the slot; the consumers' loop has no CTA
+    barrier, and every barrier after the split counts the consumers' 256 threads only. On sm_80 (no
     TMA, no setmaxnreg) the option changes nothing."""
     s = next(x for x in SPECS if x.id.endswith("f16-4096-ws-sm_90a"))
     g = generated(s)
@@ -722,7 +722,7 @@ def test_warp_specialized_loop_releases_slots_instead_of_a_cta_barrier():
     assert "setmaxnreg.dec.sync.aligned.u32 40" in producer and "if (nk_tid == 256) {" in producer
     assert producer.count("mbarrier.try_wait") == 1 and "cp.async.bulk.tensor" in producer and "return;" in producer
     assert "__syncthreads" not in producer and "bar.sync" not in producer  # one thread runs it: a barrier would hang
-    consumer = loop_body(src[src.index("setmaxnreg.inc"):])
+    consumer = loop_body(loop_body(src[src.index("setmaxnreg.inc"):]))  # the K loop, in the loop over tiles
     assert "mbarrier.arrive.shared::cta.b64" in consumer and "cp.async.bulk.tensor" not in consumer
     assert "__syncthreads" not in consumer and "bar.sync" not in consumer
     after = src[src.index("setmaxnreg.inc"):]

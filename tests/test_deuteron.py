@@ -180,12 +180,13 @@ INSTRUCTIONS = r"wgmma\.[\w.]+|cp\.async\.[\w.]+(?: \d)?|nk_cp_async<\d+>|nk_pac
 
 def test_the_stdlib_matmul_config_lowers_to_the_stdlib_kernels_instructions(prog):
     """For the config newtc.ops.matmul picks at 4096^3 f16 on sm_90a, the tile program's kernel has the stdlib
-    kernel's instruction mix: the same wgmma tiles, cp.async ring, waits and vector stores (its masks dropped)."""
+    kernel's instruction mix: the same wgmma tiles, cp.async ring, waits and vector stores (its masks dropped), and
+    the same loop over tiles (the stdlib kernel's programs walk the tiles one grid apart)."""
     n = 4096
     x = torch.empty(n, n, dtype=torch.float16, device="meta")
     cfg = newtc.ops._matmul_config(n, n, n, 2, "sm_90a")
     config = dict(block_tm=cfg["BM"], block_tn=cfg["BN"], block_tk=cfg["BK"], num_warps=cfg["num_warps"],
-                  num_stages=cfg["num_stages"], persistent=False, group=8)
+                  num_stages=cfg["num_stages"], persistent=True, group=8)
     assert prog.matmul.space(x, x).contains(config)
     (launch,) = prog.matmul.plan((x, x), {}, config)[1]
     ours = launch.stage("cuda")

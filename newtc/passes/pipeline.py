@@ -163,15 +163,14 @@ class Pipeliner:
             return 1 if v.name in self.k.spec.positive else None
         if id(v) in self.loops:
             lo, _, step = self.loops[id(v)].args[:3]
-            op = self.defs.get(id(step))
-            return self.low(lo) if op is not None and op.kind == "const" and op.attrs["value"] > 0 else None
+            return self.low(lo) if (self.low(step) or 0) > 0 else None
         op = self.defs.get(id(v))
         if op is None or op.kind not in LOW:
             return None
         if op.kind == "const":
             return op.attrs["value"]
         if op.kind in ("program_id", "num_programs"):
-            return 0
+            return 0 if op.kind == "program_id" else 1
         a, b = (self.low(x) for x in (op.args + [None])[:2])
         if op.kind == "sub":  # less a constant
             c = self.defs.get(id(op.args[1]))
@@ -333,36 +332,39 @@ class Pipeliner:
         runs = self.scalar(before, "gt" if down else "lt", [lo, hi], bool_, span)  # (unread unless a start is checked)
         plans = [self.tma(store, load, inside, before, runs) for store, load, _ in found]  # TMA where it applies
         cp_async = not all(plans)
-        # warp specialization: a producer warpgroup issues the copies, gated per slot by an `empty` barrier that the
-        # consumers' warps arrive on once the wgmma reading the slot has landed. No CTA barrier in the loop, and the
-        # copies run stages - 1 ahead. For TMA tiles read only by asynchronous wgmma, in a loop at the kernel's top
-        # level after nothing but arithmetic (the producer's threads leave after their loop)
+        # warp specialization: a producer warpgroup issues every copy, gated per slot by an `empty` barrier that the
+        # consumers' warps arrive on once the wgmma reading the slot has landed. No CTA barrier in the loop. For TMA
+        # tiles read only by asynchronous wgmma, in a loop that ws_anchor places (the producer's threads leave after)
         regs = producer_registers(self.k.spec.num_warps)
-        ws = (loop.attrs.get("warp_specialize", False) and not cp_async and not inductions and regs is not None
-              and self.k.spec.arch == "sm_90a" and all(u in lagging for *_, reads in found for u in reads)
-              and self.top_level_after_arithmetic(loop))
-        ahead_by = s_count - 1 - (1 if lagging and not ws else 0)
+        anchor = self.ws_anchor(parent, loop) if loop.attrs.get("warp_specialize", False) else None
+        ws = (anchor is not None and not cp_async and not inductions and regs is not None
+              and self.k.spec.arch == "sm_90a" and all(u in lagging for *_, reads in found for u in reads))
+        anchor = anchor if ws else loop
+        nested = anchor is not loop
+        scope = inside | self.inside(anchor.regions[0]) if nested else inside  # what the producer recomputes
+        ahead_by = 0 if ws else s_count - 1 - (1 if lagging else 0)
+        setup: list[ir.Op] = []  # the rings and barriers: before the anchor, for all of its iterations
         bars = empty = None
         if any(plans):  # one barrier per slot counts the bytes of all the slot's TMA copies
             b = alloc((s_count,), u64, None, span)
             b.attrs["ring"] = True  # its uses are ordered by the pipeline, as the rings' are
-            before += [b, ir.Op("mbar_init", [b.result], [], {"count": 1}, span)]
+            setup += [b, ir.Op("mbar_init", [b.result], [], {"count": 1}, span)]
             bars = b.result
         if ws:
             e = alloc((s_count,), u64, None, span)
             e.attrs["ring"] = True
-            before += [e, ir.Op("mbar_init", [e.result], [], {"count": self.k.spec.num_warps}, span)]
+            setup += [e, ir.Op("mbar_init", [e.result], [], {"count": self.k.spec.num_warps}, span)]
             empty = e.result
         tma_bytes = sum(ir.buffer_bytes(store.args[0]) for (store, *_), plan in zip(found, plans) if plan)
 
         def copies(out: list, new_iv: ir.Value, bases: list, times: int, slot: ir.Value, rings: list,
-                   free: ir.Value | None = None) -> None:
+                   free: ir.Value | None = None, outer: dict | None = None) -> None:
             """The copies of iteration new_iv into `slot`; with `free` (the producer's parity of the slot's empty
-            barrier), once the consumers have released the slot."""
-            valid = self.scalar(out, "gt" if down else "lt", [new_iv, hi], bool_, span)
+            barrier), once the consumers have released the slot; `outer` maps the anchor's values to the producer's."""
+            memo: dict = {**(outer or {}), id(iv): new_iv}
+            valid = self.scalar(out, "gt" if down else "lt", [new_iv, self.clone(hi, memo, scope, out)], bool_, span)
             if free is not None:
                 out.append(ir.Op("mbar_wait", [empty, slot, free, valid], [], {}, span))
-            memo: dict = {id(iv): new_iv}
             self.later(out, memo, inside, inductions, bases, times, span)
             if bars is not None:
                 out.append(ir.Op("mbar_expect", [bars, slot, valid], [], {"bytes": tma_bytes}, span))
@@ -370,17 +372,17 @@ class Pipeliner:
                 view = ir.Value(ring.type.with_dtype(ir.Buffer(ring.type.dtype.elem)), "smem", ring.layout)
                 out.append(ir.Op("slot", [ring, slot], [view], {}, load.span))
                 if plan:  # the descriptor's offsets at that iteration; TMA checks the bounds
-                    at = [self.clone(o, memo, inside, out) if isinstance(o, ir.Value) else self.const(out, o, i32, span)
+                    at = [self.clone(o, memo, scope, out) if isinstance(o, ir.Value) else self.const(out, o, i32, span)
                           for o in load.attrs["desc"][3]]
                     out.append(ir.Op("tma_load", [view, bars, slot, valid, *at], [], dict(plan), load.span))
                     continue
-                ptr = self.clone(load.args[0], memo, inside, out)
+                ptr = self.clone(load.args[0], memo, scope, out)
                 ok = ir.Value(Type(ptr.type.shape, bool_), "", ptr.layout)
                 out.append(ir.Op("splat", [valid], [ok], {}, span))
                 mask = load.args[1]
                 if mask is not None:
                     both = ir.Value(ok.type, "", ptr.layout)
-                    out.append(ir.Op("and", [self.clone(mask, memo, inside, out), ok], [both], {}, span))
+                    out.append(ir.Op("and", [self.clone(mask, memo, scope, out), ok], [both], {}, span))
                     ok = both
                 out.append(ir.Op("async_copy", [view, ptr, ok], [], {}, load.span))
             if cp_async:
@@ -391,7 +393,7 @@ class Pipeliner:
         for store, load, _ in found:
             a = alloc(store.args[0].type.shape, store.args[0].type.dtype.elem, store.args[0].layout, store.span, s_count)
             a.attrs["ring"] = True
-            before.append(a)
+            setup.append(a)
             rings.append(a.result)
         for s in range(ahead_by):
             it = self.scalar(before, "add", [lo, self.scalar(before, "mul", [self.const(before, s, iv.type.dtype, span),
@@ -405,8 +407,18 @@ class Pipeliner:
         phase = ir.Value(Type((), i32), "phase")
         carried = [(r_slot, 0)] + ([] if ws else [(w_slot, ahead_by)]) + ([(phase, 0)] if bars is not None else [])
         body.params += [v for v, _ in carried]
-        loop.args += [self.const(before, start, i32, span) for _, start in carried]
+        if nested:  # the ring goes on from tile to tile: its slot and phase are carried by the anchor too
+            outer_body = anchor.regions[0]
+            starts = [ir.Value(Type((), i32), v.name) for v, _ in carried]
+            outer_body.params += starts
+            anchor.args += [self.const(setup, start, i32, span) for _, start in carried]
+            anchor.results += [ir.Value(Type((), i32)) for _ in carried]
+        else:
+            starts = [self.const(before, start, i32, span) for _, start in carried]
+        loop.args += starts
         loop.results += [ir.Value(Type((), i32)) for _ in carried]
+        if nested:
+            outer_body.ops[-1].args = list(outer_body.ops[-1].args) + loop.results[-len(carried):]
         head: list[ir.Op] = [ir.Op("async_wait", [], [], {"pending": ahead_by - 1}, span)] if cp_async else []
         if bars is not None:
             head.append(ir.Op("mbar_wait", [bars, r_slot, phase], [], {}, span))
@@ -415,16 +427,28 @@ class Pipeliner:
         if not ws:
             head.append(ir.Op("barrier", [], [], {}, span))
         issue: list[ir.Op] = []
-        if ws:  # the producer's loop: the same iterations, each issuing the copies stages - 1 ahead of it
+        if ws:  # the producer: the same iterations (in the anchor's, the same tiles), each issuing its copies
+            p_oiv, p_outer, outer = None, [], {}
+            if nested:
+                o_iv = anchor.regions[0].params[0]
+                p_oiv = ir.Value(o_iv.type, o_iv.name, o_iv.layout, o_iv.facts)
+                outer = {id(o_iv): p_oiv}
+            bounds = [self.clone(v, outer, scope, p_outer) for v in (lo, hi, step)]
             p_iv, free = ir.Value(iv.type, iv.name, iv.layout, iv.facts), ir.Value(Type((), i32), "free")
             producer: list[ir.Op] = []
-            ahead = self.advance(producer, p_iv, ahead_by, step, span)
-            copies(producer, ahead, [], ahead_by, w_slot, rings, free)
-            nexts = self.wrap(producer, w_slot, free, s_count, span)
-            producer.append(ir.Op("yield", nexts, [], {}, span))
-            p_loop = ir.Op("for", [lo, hi, step, self.const(before, ahead_by, i32, span), self.const(before, 1, i32, span)],
-                           [ir.Value(Type((), i32)), ir.Value(Type((), i32))], {}, span,
+            copies(producer, p_iv, [], 0, w_slot, rings, free, outer)
+            producer.append(ir.Op("yield", self.wrap(producer, w_slot, free, s_count, span), [], {}, span))
+            # the first lap waits on the parity before the empty barriers' first phase: it has completed
+            w0, f0 = (ir.Value(Type((), i32), "slot_w"), ir.Value(Type((), i32), "free")) if nested else \
+                (self.const(setup, 0, i32, span), self.const(setup, 1, i32, span))
+            p_loop = ir.Op("for", bounds + [w0, f0], [ir.Value(Type((), i32)), ir.Value(Type((), i32))], {}, span,
                            [ir.Region([p_iv, w_slot, free], producer)])
+            if nested:
+                p_outer += [p_loop, ir.Op("yield", list(p_loop.results), [], {}, span)]
+                p_loop = ir.Op("for", list(anchor.args[:3]) + [self.const(setup, 0, i32, span),
+                                                               self.const(setup, 1, i32, span)],
+                               [ir.Value(Type((), i32)), ir.Value(Type((), i32))], {}, span,
+                               [ir.Region([p_oiv, w0, f0], p_outer)])
             roles = ir.Op("roles", [], [], {"consumers": 32 * self.k.spec.num_warps, "registers": regs}, span,
                           [ir.Region([], [p_loop])])
         else:
@@ -463,11 +487,21 @@ class Pipeliner:
             at = parent.ops.index(loop)
             for op in parent.ops[at + 1:]:
                 replace_uses(op, result, landed)
-        for b in (bars, empty):  # once every thread is done waiting: the bytes may be reused, or the loop run again
-            if b is not None:
-                after.append(ir.Op("mbar_inval", [b], [], {}, span))
+        if ws:  # the last iteration's slot, once its group has landed: the producer may fill it for the next tile
+            r_last = loop.results[-len(carried)]
+            back = self.scalar(after, "add", [r_last, self.const(after, s_count - 1, i32, span)], i32, span)
+            prev = self.scalar(after, "mod", [back, self.const(after, s_count, i32, span)], i32, span)
+            after.append(ir.Op("mbar_arrive", [empty, prev, runs], [], {}, span))
+        # once every thread is done waiting: the bytes may be reused, or the loop run again
+        teardown = [ir.Op("mbar_inval", [b], [], {}, span) for b in (bars, empty) if b is not None]
+        producers = [roles] if ws else []
         at = parent.ops.index(loop)
-        parent.ops[at:at + 1] = before + ([roles] if ws else []) + [loop] + after
+        if nested:  # the ring and the producer serve every tile: they go around the loop over tiles
+            parent.ops[at:at + 1] = before + [loop] + after
+            at = self.k.body.ops.index(anchor)
+            self.k.body.ops[at:at + 1] = setup + producers + [anchor] + teardown
+        else:
+            parent.ops[at:at + 1] = setup + producers + before + [loop] + after + teardown
 
     def advance(self, out: list, v: ir.Value, times: int, step: ir.Value, span) -> ir.Value:
         """v + times * step, with v's facts."""
@@ -487,11 +521,19 @@ class Pipeliner:
             nexts.append(self.scalar(out, "where", [stay, phase, flip], i32, span))
         return nexts
 
-    def top_level_after_arithmetic(self, loop: ir.Op) -> bool:
-        """The loop is in the kernel's body, and only arithmetic comes before it: what the producer's threads run."""
+    def ws_anchor(self, parent: ir.Region, loop: ir.Op) -> ir.Op | None:
+        """Where a warp-specialized loop's producer starts: at the loop itself in the kernel's body, or at the
+        kernel-level `for` (carrying nothing) whose body holds the loop (a persistent kernel's loop over tiles), with
+        only arithmetic before either: what the producer's threads run before they leave. None where neither."""
         ops = self.k.body.ops
-        return loop in ops and all(op.kind in PURE | {"program_id", "num_programs", "assert", "alloc", "mbar_init"}
-                                   and not op.regions for op in ops[:ops.index(loop)])
+        anchor = loop if loop in ops else next((op for op in ops if op.kind == "for" and op.regions[0] is parent
+                                                and len(parent.params) == 1), None)
+
+        def arithmetic(seq: list) -> bool:
+            return all(op.kind in PURE | {"program_id", "num_programs", "assert", "alloc", "mbar_init"}
+                       and not op.regions for op in seq)
+        return anchor if anchor is not None and arithmetic(ops[:ops.index(anchor)]) \
+            and arithmetic(parent.ops[:parent.ops.index(loop)]) else None
 
 
 REGISTERS = 65536  # 32-bit registers per SM (sm_90)
