@@ -710,10 +710,10 @@ def test_a_scalar_atomic_is_read_by_every_thread_before_the_next():
 
 
 def test_warp_specialized_loop_releases_slots_instead_of_a_cta_barrier():
-    """range(warp_specialize=True) on sm_90a: a fourth warpgroup (the producer) gives up registers and its first
-    thread issues every copy, each once the consumers' warps have released the slot; the consumers' loop has no CTA
-    barrier, and every barrier after the split counts the consumers' 256 threads only. On sm_80 (no
-    TMA, no setmaxnreg) the option changes nothing."""
+    """range(warp_specialize=True) on sm_90a, in the stdlib matmul's loop over tiles: a fourth warpgroup (the
+    producer) gives up registers and its first thread issues every copy of every tile, each once the consumers'
+    warps have released the slot; the consumers' K loop has no CTA barrier, and every barrier after the split counts
+    the consumers' 256 threads only. On sm_80 (no TMA, no setmaxnreg) the option changes nothing."""
     s = next(x for x in SPECS if x.id.endswith("f16-4096-ws-sm_90a"))
     g = generated(s)
     src = g.source
@@ -722,9 +722,15 @@ def test_warp_specialized_loop_releases_slots_instead_of_a_cta_barrier():
     assert "setmaxnreg.dec.sync.aligned.u32 40" in producer and "if (nk_tid == 256) {" in producer
     assert producer.count("mbarrier.try_wait") == 1 and "cp.async.bulk.tensor" in producer and "return;" in producer
     assert "__syncthreads" not in producer and "bar.sync" not in producer  # one thread runs it: a barrier would hang
-    consumer = loop_body(loop_body(src[src.index("setmaxnreg.inc"):]))  # the K loop, in the loop over tiles
+    tiles = loop_body(src[src.index("setmaxnreg.inc"):])  # the consumers' loop over tiles
+    consumer = loop_body(tiles)  # its K loop
     assert "mbarrier.arrive.shared::cta.b64" in consumer and "cp.async.bulk.tensor" not in consumer
     assert "__syncthreads" not in consumer and "bar.sync" not in consumer
+    # one ring for all of a program's tiles: made before either role's loop over tiles, invalidated after the
+    # consumers', and each tile's last slot released after its K loop (the producer fills it for the next tile)
+    assert src.rindex("mbarrier.init") < src.index("for (int t_") and "mbarrier.init" not in tiles
+    assert "mbarrier.inval" not in tiles and src.index("mbarrier.inval") > src.index(tiles)
+    assert tiles.count("mbarrier.arrive.shared::cta.b64") == 2
     after = src[src.index("setmaxnreg.inc"):]
     assert "__syncthreads" not in after and "bar.sync 1, 256;" in after
     plain = generated(next(x for x in SPECS if x.id.endswith("f16-4096-ws-sm_80")), "sm_80").source

@@ -188,6 +188,7 @@ def test_descriptor_matmul_loads_with_tma_on_sm_90a():
          "swizzle": 128},
         {"itemsize": 2, "base": 1, "dims": [at["N"], at["K"]], "strides": [at["stride_bk"]], "box": [64, 64],
          "swizzle": 128}]
+    assert src.rindex("mbarrier.init") < src.index("cp.async.bulk.tensor")  # made before the prologue's copies arm them
     # issued stages - 2 = 2 iterations ahead (one wgmma group stays in flight): twice in the prologue, once in the loop
     assert src.count("mbarrier.arrive.expect_tx") == 3 and src.count("(unsigned long long)&nk_map1") == 3 * 4
     ops = sass_ops(out)
