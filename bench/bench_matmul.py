@@ -133,11 +133,11 @@ def sweep_configs(quick: bool) -> Table:
     m = n = k = 4096
     mod = ops._stdlib("matmul")
     rows = []
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for dtype in (torch.float16, torch.bfloat16):
         a, b = (torch.randn(m, k, device="cuda", dtype=dtype) for _ in range(2))
         c = torch.empty(m, n, device="cuda", dtype=dtype)
         ref = a.float() @ b.float()
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
         for bm, bn, bk, w, s, ws, persistent in (
                 (128, 256, 64, 8, 4, False, False), (128, 256, 64, 8, 4, False, True), (128, 256, 32, 8, 6, False, False),
                 (128, 256, 64, 8, 3, True, False), (128, 256, 64, 8, 3, True, True), (128, 256, 32, 8, 6, True, True),

@@ -344,17 +344,15 @@ class Pipeliner:
         scope = inside | self.inside(anchor.regions[0]) if nested else inside  # what the producer recomputes
         ahead_by = 0 if ws else s_count - 1 - (1 if lagging else 0)
         setup: list[ir.Op] = []  # the rings and barriers: before the anchor, for all of its iterations
-        bars = empty = None
-        if any(plans):  # one barrier per slot counts the bytes of all the slot's TMA copies
+
+        def barriers(count: int) -> ir.Value:
+            """A barrier per slot, expecting `count` arrivals a phase."""
             b = alloc((s_count,), u64, None, span)
             b.attrs["ring"] = True  # its uses are ordered by the pipeline, as the rings' are
-            setup += [b, ir.Op("mbar_init", [b.result], [], {"count": 1}, span)]
-            bars = b.result
-        if ws:
-            e = alloc((s_count,), u64, None, span)
-            e.attrs["ring"] = True
-            setup += [e, ir.Op("mbar_init", [e.result], [], {"count": self.k.spec.num_warps}, span)]
-            empty = e.result
+            setup.extend([b, ir.Op("mbar_init", [b.result], [], {"count": count}, span)])
+            return b.result
+        bars = barriers(1) if any(plans) else None  # full: the bytes of all the slot's TMA copies, armed by the issuer
+        empty = barriers(self.k.spec.num_warps) if ws else None  # empty: each consumer warp, done reading the slot
         tma_bytes = sum(ir.buffer_bytes(store.args[0]) for (store, *_), plan in zip(found, plans) if plan)
 
         def copies(out: list, new_iv: ir.Value, bases: list, times: int, slot: ir.Value, rings: list,
@@ -396,10 +394,7 @@ class Pipeliner:
             setup.append(a)
             rings.append(a.result)
         for s in range(ahead_by):
-            it = self.scalar(before, "add", [lo, self.scalar(before, "mul", [self.const(before, s, iv.type.dtype, span),
-                                                                               step], iv.type.dtype, span)],
-                             iv.type.dtype, span)
-            it.facts = iv.facts
+            it = self.advance(before, lo, s, step, iv, span)
             copies(before, it, [start for _, start, *_ in inductions], s, self.const(before, s, i32, span), rings)
 
         # the loop: read slot r, write slot w, both carried, and with TMA the phase of slot r's barrier
@@ -452,7 +447,7 @@ class Pipeliner:
             roles = ir.Op("roles", [], [], {"consumers": 32 * self.k.spec.num_warps, "registers": regs}, span,
                           [ir.Region([], [p_loop])])
         else:
-            ahead = self.advance(issue, iv, ahead_by, step, span)
+            ahead = self.advance(issue, iv, ahead_by, step, iv, span)
             copies(issue, ahead, [p for p, *_ in inductions], ahead_by, w_slot, rings)
         dead = set()
         for (store, load, reads), ring in zip(found, rings):
@@ -472,11 +467,14 @@ class Pipeliner:
             landed = ir.Value(dot.result.type, dot.result.name, dot.result.layout)
             issue.append(ir.Op("dot_wait", [dot.result], [landed], {"pending": 1}, span))
             yield_op.args = [landed if a is dot.result else a for a in yield_op.args]
-        if ws:  # the group waited for read the previous iteration's slot: its warps release it to the producer
-            first = self.scalar(issue, "ne", [iv, lo], bool_, span)
-            back = self.scalar(issue, "add", [r_slot, self.const(issue, s_count - 1, i32, span)], i32, span)
-            prev = self.scalar(issue, "mod", [back, self.const(issue, s_count, i32, span)], i32, span)
-            issue.append(ir.Op("mbar_arrive", [empty, prev, first], [], {}, span))
+
+        def release(out: list, slot: ir.Value, cond: ir.Value) -> None:
+            """Where `cond` holds, the consumers' warps release the slot before `slot` to the producer."""
+            back = self.scalar(out, "add", [slot, self.const(out, s_count - 1, i32, span)], i32, span)
+            prev = self.scalar(out, "mod", [back, self.const(out, s_count, i32, span)], i32, span)
+            out.append(ir.Op("mbar_arrive", [empty, prev, cond], [], {}, span))
+        if ws:  # the group waited for read the previous iteration's slot
+            release(issue, r_slot, self.scalar(issue, "ne", [iv, lo], bool_, span))
         body.ops = head + (rest + issue if lagging else issue + rest) + tail + [yield_op]
         after = [ir.Op("async_wait", [], [], {"pending": 0}, span)] if cp_async else []
         for dot in lagging:  # the accumulator is read after the loop once its last group has landed
@@ -488,10 +486,7 @@ class Pipeliner:
             for op in parent.ops[at + 1:]:
                 replace_uses(op, result, landed)
         if ws:  # the last iteration's slot, once its group has landed: the producer may fill it for the next tile
-            r_last = loop.results[-len(carried)]
-            back = self.scalar(after, "add", [r_last, self.const(after, s_count - 1, i32, span)], i32, span)
-            prev = self.scalar(after, "mod", [back, self.const(after, s_count, i32, span)], i32, span)
-            after.append(ir.Op("mbar_arrive", [empty, prev, runs], [], {}, span))
+            release(after, loop.results[-len(carried)], runs)
         # once every thread is done waiting: the bytes may be reused, or the loop run again
         teardown = [ir.Op("mbar_inval", [b], [], {}, span) for b in (bars, empty) if b is not None]
         producers = [roles] if ws else []
@@ -503,12 +498,12 @@ class Pipeliner:
         else:
             parent.ops[at:at + 1] = setup + producers + before + [loop] + after + teardown
 
-    def advance(self, out: list, v: ir.Value, times: int, step: ir.Value, span) -> ir.Value:
-        """v + times * step, with v's facts."""
-        t = v.type.dtype
-        res = self.scalar(out, "add", [v, self.scalar(out, "mul", [self.const(out, times, t, span), step], t, span)],
+    def advance(self, out: list, base: ir.Value, times: int, step: ir.Value, iv: ir.Value, span) -> ir.Value:
+        """base + times * step: an iteration's loop variable, with the dtype and facts of `iv`."""
+        t = iv.type.dtype
+        res = self.scalar(out, "add", [base, self.scalar(out, "mul", [self.const(out, times, t, span), step], t, span)],
                           t, span)
-        res.facts = v.facts
+        res.facts = iv.facts
         return res
 
     def wrap(self, out: list, slot: ir.Value, phase: ir.Value | None, count: int, span) -> list:
