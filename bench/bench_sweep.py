@@ -2,7 +2,7 @@
 (newtc.ops as shipped) against Triton's best and torch, as % of the copy bandwidth.
 
     python bench/bench_sweep.py [--quick] [--ops softmax,layernorm] [--dtypes f32,bf16] [--widths 1000,4096]
-                                [--rows 1,4096] [--append bench/RESULTS.md]
+                                [--rows 1,4096] [--plans K] [--append bench/RESULTS.md]
     python bench/bench_sweep.py --merge A/sweep.json B/sweep.json [--append bench/RESULTS.md]
 
 Triton's best is the fastest of a few configurations per point: one row per program in a single block
@@ -14,6 +14,9 @@ rotated by one, so that none is always timed first (after the compiles' CPU gap,
 may have fallen). A candidate's time is the least of its rounds' do_bench medians, with L2 flushed before
 each run (the flush also hides the host's launch cost, so they are GPU times); an implementation's time
 is its best candidate's.
+
+With --plans K, each point also times K - 1 plans next to the model's (bench_sweep.neighbours), each forced,
+and records them, so that bench/replay_rows.py can judge other models over them without a GPU.
 
 The full sweep takes more than one 10-minute call: run it in chunks (--ops, --dtypes, --widths, --rows),
 each with its own $OUT, then --merge their sweep.json files (no GPU needed).
@@ -41,6 +44,7 @@ QUICK_ROWS = [1, 128, 4096]
 DTYPES = ("f32", "f16", "bf16")
 OPS = ("softmax", "layernorm", "rmsnorm", "cross_entropy")
 MAX_INPUT = 2**31  # bytes of input per point
+SIZE = {"f32": 4, "f16": 2, "bf16": 2}
 MAX_SINGLE_BLOCK = 32768  # Triton's one-block rows: beyond, its registers spill
 TOL = {"f32": 1e-4, "f16": 2e-2, "bf16": 2e-2}  # relative error (norm) against torch in f32
 
@@ -146,6 +150,70 @@ def timed(impls: dict, args, ref, tol: float, quick: bool) -> dict:
     return {name: fs if isinstance(fs, str) else best([next(times) for _ in fs]) for name, fs in impls.items()}
 
 
+def plan_name(p) -> str:
+    """A row plan (newtc.ops.Plan) in a few characters, as rows_check names them."""
+    return {"rows": f"rows b{p.block}+{p.tail} r{p.rows} w{p.warps}", "looped": f"looped w{p.warps} e{p.block // (32 * p.warps)}",
+            "split": f"split w{p.warps} p{p.parts}"}[p.kind]
+
+
+def model_plans(op: str, dtype: str, rows: int, width: int, g, k: int = 1) -> list[tuple]:
+    """(name, plan): the plan newtc.ops takes for a point's contiguous input on GPU g (newtc.gpu.Gpu), then up to
+    k - 1 of its neighbours (rows start off 16-byte boundaries where the width is not a multiple of 16 bytes, as
+    `ops._configure` finds)."""
+    from newtc import ops
+    size = SIZE[dtype]
+    args = ({"layernorm": "norm", "rmsnorm": "norm"}.get(op, op), rows, width, size, width % (16 // size) != 0, g)
+    model = ops.plan(*args)
+    out = {plan_name(model): model}
+    for p in neighbours(model, ops.candidates(*args), rows, width + (16 // size - 1 if args[4] else 0), size):
+        if len(out) >= k:
+            break
+        out.setdefault(plan_name(p), p)
+    return list(out.items())
+
+
+def neighbours(p, candidates: list, rows: int, covered: int, size: int) -> list:
+    """Plans one step from p, nearest first: half and twice its warps; one row, half and twice its rows (the warps
+    scaled with them) and the row's other cover (whole rows), or the other loop step (looped); then the model's
+    fastest of each other kind.
+    Those the kernels cannot take fail when run and are not timed."""
+    from dataclasses import replace
+
+    from newtc import ops
+
+    def fits(q) -> bool:  # a whole-row tile that gives every thread a vector and at most THREAD_BYTES
+        tile = q.rows * (q.block + q.tail) * size
+        return (1 if q.kind == "rows" else 4) <= q.warps <= 32 and (q.kind != "rows" or 1 <= q.rows <= ops._pow2(rows) and (
+            min(16, tile // 32) <= tile // (32 * q.warps) <= ops.THREAD_BYTES and
+            (not q.tail or q.rows * q.tail * size >= 32 * q.warps * 16)))
+    step = p.block // (32 * p.warps)  # a loop's elements per thread
+    near = [replace(p, warps=w, block=p.block if p.kind == "rows" else step * 32 * w) for w in (p.warps // 2, p.warps * 2)]
+    if p.kind == "rows":
+        near += [replace(p, rows=r, warps=max(1, p.warps * r // p.rows)) for r in (1, p.rows // 2, p.rows * 2)]
+        near += [replace(p, block=b, tail=t) for b, t in ops._covers(covered) if (b, t) != (p.block, p.tail)]
+    elif p.kind == "looped":
+        near.append(replace(p, block=(24 - step) * 32 * p.warps))  # 8 elements a thread for 16, 16 for 8
+    kinds = {}
+    for c in sorted(candidates, key=lambda c: c.seconds):
+        kinds.setdefault(c.kind, c)
+    return [q for q in near if fits(q)] + [c for kind, c in kinds.items() if kind != p.kind]
+
+
+def model_plan(op: str, dtype: str, rows: int, width: int, g) -> str:
+    """The name of the plan newtc.ops takes for a point (recorded beside its time)."""
+    return model_plans(op, dtype, rows, width, g)[0][0]
+
+
+def forced(ops, plan, fn):
+    """fn under `plan`, with its own bound launches (ops' fast path), so that the plans can run in any order."""
+    fast = {}
+
+    def call(*args):
+        ops.plan, ops._fast = (lambda *a, **k: plan), fast
+        return fn(*args)
+    return call
+
+
 def best(times: list) -> float | str:
     ok = [t for t in times if isinstance(t, float)]
     return min(ok) if ok else (times[0] if times else "-")
@@ -156,23 +224,39 @@ def points(ops, dtypes, widths, heights):
         for dt in dtypes:
             for n in widths:
                 for m in heights:
-                    if m * n * {"f32": 4, "f16": 2, "bf16": 2}[dt] <= MAX_INPUT:
+                    if m * n * SIZE[dt] <= MAX_INPUT:
                         yield op, dt, m, n
 
 
-def measure(quick: bool, ops, dtypes, widths, heights) -> list[dict]:
+def measure(quick: bool, ops, dtypes, widths, heights, plans: int = 1) -> list[dict]:
+    """Each point's row; with plans > 1, the model's next fastest candidates are timed too (forced), each
+    recorded under `plans` by name, so that bench/replay_rows.py can replay other models over them."""
+    import newtc
     import torch
+    from newtc import ops as newt_ops
     dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
     todo = list(points(ops, dtypes, widths, heights))
     print(f"sweep: {len(todo)} points", flush=True)
     copy = copy_gbps(quick)
+    gpu = newtc.ops.gpu(0)
     (all_cases, tk), rows, started = cases(torch), [], time.perf_counter()
     for op, dt, m, n in todo:
         case = all_cases[op]
         torch.manual_seed(m * 7919 + n)
         args = case.make(m, n, dtype[dt])
         ref = case.reference(*args)
-        ms = timed(case.impls(n, tk), args, ref, TOL[dt], quick)
+        impls = case.impls(n, tk)
+        alternatives = model_plans(op, dt, m, n, gpu, plans)
+        plan = alternatives[0][0]
+        real = newt_ops.plan, newt_ops._fast
+        if plans > 1:  # every newt candidate forced, the model's own included, so that none runs another's plan
+            impls["newt"] = [forced(newt_ops, alternatives[0][1], case.newt)]
+            impls |= {f"plan {name}": [forced(newt_ops, p, case.newt)] for name, p in alternatives[1:]}
+        try:
+            ms = timed(impls, args, ref, TOL[dt], quick)
+        finally:
+            newt_ops.plan, newt_ops._fast = real
+        others = {name[5:]: t * 1e3 if isinstance(t, float) else t for name, t in ms.items() if name.startswith("plan ")}
         del args, ref
         moved = case.nbytes(m, n, 4 if dt == "f32" else 2)
         pct = {name: 100 * moved / t / 1e6 / copy if isinstance(t, float) else t for name, t in ms.items()}
@@ -180,9 +264,11 @@ def measure(quick: bool, ops, dtypes, widths, heights) -> list[dict]:
         ratio = other / ms["newt"] if isinstance(other, float) and isinstance(ms["newt"], float) else "-"
         rows.append({"op": op, "dtype": dt, "rows": m, "width": n, "newt % copy": pct["newt"],
                      "Triton % copy": pct["Triton"], "torch % copy": pct["torch"], "newt/best": ratio,
-                     "newt us": ms["newt"] * 1e3 if isinstance(ms["newt"], float) else ms["newt"]})
-        if len(rows) % 50 == 0:
+                     "newt us": ms["newt"] * 1e3 if isinstance(ms["newt"], float) else ms["newt"], "plan": plan,
+                     **({"plans": others} if others else {})})
+        if len(rows) % 25 == 0:  # a chunk cut short by its call's time limit keeps what it measured
             print(f"  {len(rows)} points, {time.perf_counter() - started:.0f} s", flush=True)
+            common.write("sweep.json", rows)
     return rows
 
 
@@ -252,11 +338,11 @@ def plot(rows: list[dict], path) -> None:
     fig.savefig(path, dpi=130)
 
 
-def run(quick=False, ops=OPS, dtypes=DTYPES, append=None, widths=None, heights=None):
+def run(quick=False, ops=OPS, dtypes=DTYPES, append=None, widths=None, heights=None, plans=1):
     """Measure the points (widths and heights default to the quick or the full sweep's) and report them."""
     started = time.perf_counter()
     rows = measure(quick, ops, dtypes, widths or (QUICK_WIDTHS if quick else WIDTHS),
-                   heights or (QUICK_ROWS if quick else ROWS))
+                   heights or (QUICK_ROWS if quick else ROWS), plans)
     return report(rows, f"{'quick' if quick else 'full'}: {', '.join(ops)}; {', '.join(dtypes)}",
                   f"{time.perf_counter() - started:.0f} s, copy {copy_gbps(quick):.0f} GB/s", append)
 
@@ -267,7 +353,9 @@ def report(rows: list[dict], what: str, how: str, append=None) -> list[Table]:
     head = f"### Sweep ({what}), {len(rows)} points, {how}"
     text = "\n\n".join([head] + [t.markdown().replace("### ", "#### ", 1) for t in tables]) + "\n"
     common.write("sweep.md", text)
-    common.write("sweep_points.md", Table("every point", rows).markdown() + "\n")
+    columns = [c for c in {c: 0 for r in rows for c in r} if c != "plans"]  # chunks may differ in what they record
+    common.write("sweep_points.md", Table("every point", [{c: r.get(c, "-") for c in columns} for r in rows]).markdown()
+                 + "\n")
     common.write("sweep.json", rows)
     if png := common.out_path("sweep.png"):
         plot(rows, png)
@@ -312,6 +400,8 @@ def main() -> None:
     p.add_argument("--merge", nargs="+", metavar="FILE.json", help="no measuring: report the points in these "
                    "sweep.json files (chunks of the sweep) as one sweep")
     p.add_argument("--append", metavar="PATH", help="append the summary to this file (bench/RESULTS.md)")
+    p.add_argument("--plans", type=int, default=1, metavar="K", help="also time the model's next K-1 fastest "
+                   "candidates at each point (recorded for bench/replay_rows.py)")
     args = p.parse_args()
     if args.merge:
         tables = merge(args.merge, args.append)
@@ -319,7 +409,7 @@ def main() -> None:
         print("no CUDA GPU: nothing to benchmark")
         return
     else:
-        tables = run(args.quick, args.ops, args.dtypes, args.append, args.widths, args.rows)
+        tables = run(args.quick, args.ops, args.dtypes, args.append, args.widths, args.rows, args.plans)
     for t in tables:
         print(t.markdown() + "\n")
 

@@ -30,7 +30,7 @@ SIZE = {"f32": 4, "f16": 2, "bf16": 2}
 def alternatives(ops, op: str, m: int, n: int, s: int) -> list:
     """(name, plan): the model's plan first, then forced ones (those the kernels cannot take fail when run)."""
     model = ops.plan(op, m, n, s, False, ops.gpu(0), True)
-    out = [(f"model {model.kind} b{model.block}+{model.tail} r{model.rows} w{model.warps} p{model.parts}", model)]
+    out = [(f"model {bs.plan_name(model)}", model)]
     if model.kind == "rows":
         grouped = sorted({1, model.rows, max(1, ops.PROGRAM_BYTES // (n * s))})
         for (block, tail), rows in itertools.product(ops._covers(n), grouped):
@@ -53,16 +53,6 @@ def alternatives(ops, op: str, m: int, n: int, s: int) -> list:
     return list(dict(out).items())  # one of each name
 
 
-def forced(ops, plan, fn):
-    """fn under `plan`, with its own bound launches (ops' fast path), so that the plans can run in any order."""
-    fast = {}
-
-    def call(*args):
-        ops.plan, ops._fast = (lambda *a, **k: plan), fast
-        return fn(*args)
-    return call
-
-
 def run(points: list[str], quick: bool) -> list[Table]:
     import torch
     from newtc import ops
@@ -79,7 +69,7 @@ def run(points: list[str], quick: bool) -> list[Table]:
         args = case.make(m, n, dtype[dt])
         ref = case.reference(*args)
         moved = case.nbytes(m, n, SIZE[dt])
-        impls = {name: [forced(ops, p, case.newt)]
+        impls = {name: [bs.forced(ops, p, case.newt)]
                  for name, p in alternatives(ops, "norm" if op.endswith("norm") else op, m, n, SIZE[dt])}
         impls |= {name: fns for name, fns in case.impls(n, tk).items() if name != "newt"}
         try:

@@ -67,6 +67,8 @@ L2_SHARE = 0.5  # the part of L2 that a second pass over recently read rows can 
 LAUNCH = 2e-6  # seconds: what a dependent second kernel adds (launch gap, ramp up and down)
 THREAD_BYTES = 128  # the most of a row block one thread holds: 8 16-byte vectors (32 f32 or 64 f16 values);
 # measured on an H200 the best up to rows of 16 KB (f32 softmax at 4096 and 16384, f16 layer norm at 8192)
+VECTOR = 16  # bytes a thread loads at once
+NORM_LONE = 16384  # the largest block of a lone norm program that takes a VECTOR per thread (`_whole_rows`)
 MIN_WARPS = 4  # whole-row programs: fewer warps only for blocks too small to give 4 warps a vector each
 PROGRAM_BYTES = 4096  # short rows are grouped until a program moves this much (f32 rows of 1024 by one)
 LONE_THREADS = 2  # threads of a lone whole-row program per sqrt(byte) of its block (measured on an H200: 16 KB blocks
@@ -149,17 +151,25 @@ def _covers(width: int) -> list[tuple[int, int]]:
 
 
 def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: Gpu, n_rows: int):
-    """Whole-row candidates in order of preference: one block before a block and a tail, then ROWS (up to
-    `group`) nearest to programs of PROGRAM_BYTES, then fewest warps (the most of the row per thread, up to
-    THREAD_BYTES). Masked lanes cost registers, so occupancy, but no bytes.
+    """Whole-row candidates in order of preference: where there are more rows than SMs, a block and a tail
+    before one block for the norms and 16-bit rows (masked lanes cost registers, so occupancy, but no bytes;
+    measured on an H200 they cost time too: layer norm f32 32768 x 11008 30% faster as 8192 + 4096 than as 16384,
+    softmax and layer norm f16 32768 x 768 9-28% as 512 + 256; but f32 softmax and cross-entropy 3-5% slower),
+    then ROWS (up to `group`) nearest to programs of PROGRAM_BYTES, then fewest warps (the most of the row per
+    thread, up to THREAD_BYTES).
     A launch of at most one program per SM is bound by its programs' latency, not by bytes in flight (the
     time is the same for every candidate): there each program should do the least. Rows are grouped only
     as far as every SM still gets a program (128 rows of 128: a row per program on 128 SMs, not 16 on 8),
     and the threads are about LONE_THREADS * sqrt(tile bytes): a lone program's latency grows with the bytes
     each thread walks through and with the warps its reductions cross, a * bytes / threads + b * threads,
-    least at sqrt(a / b * bytes) threads."""
+    least at sqrt(a / b * bytes) threads. A norm's threads also load the weight (and bias) after the reduction,
+    a second dependent step that more threads shorten: there each thread loads one VECTOR of blocks up to NORM_LONE
+    bytes, and larger ones take 16 warps (measured on an H200: layer norm f32 1 x 4096 4.9 us at 32 warps, 7.4 us at
+    8; 1 x 16384 7.5 us at 16, 8.9 at 32; softmax f32 1 x 4096 4.6 us at 8, 5.2 at 32)."""
     preferred = max(1, min(PROGRAM_BYTES // (n_cols * itemsize), n_rows // g.sms))
-    for block, tail in _covers(n_cols + lead):
+    covers = _covers(n_cols + lead)
+    tail_first = n_rows > g.sms and (op == "norm" or itemsize < 4)
+    for block, tail in covers[::-1] if tail_first else covers:
         width = block + tail
         if width > MAX_ROW[op]:
             continue
@@ -167,7 +177,7 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
         for rows in sorted(options, key=lambda r: (abs(math.log2(r / preferred)), r)):
             tile = rows * width * itemsize
             lone = _cdiv(n_rows, rows) <= g.sms
-            best = LONE_THREADS * math.sqrt(tile)  # threads, for a lone program
+            best = (tile / VECTOR if tile <= NORM_LONE else 512) if op == "norm" else LONE_THREADS * math.sqrt(tile)
             order = sorted((32, 16, 8, 4, 2, 1), key=lambda w: abs(math.log2(32 * w / best))) if lone else \
                 (1, 2, 4, 8, 16, 32)
             for warps in order:
@@ -238,12 +248,18 @@ def plan(op: str, n_rows: int, n_cols: int, itemsize: int, shift: bool, g: Gpu =
     """The configuration of a row op ("softmax", "cross_entropy" or "norm") on n_rows x n_cols elements of
     `itemsize` bytes. With `shift`, rows start off a 16-byte boundary and a block covers 16 bytes more;
     without `grouped`, a program takes one row."""
+    options = candidates(op, n_rows, n_cols, itemsize, shift, g, grouped)
+    best = min(c.seconds for c in options)
+    return next(c for c in options if c.seconds <= best * TOLERANCE)
+
+
+def candidates(op: str, n_rows: int, n_cols: int, itemsize: int, shift: bool, g: Gpu = Gpu(),
+               grouped: bool = True) -> list[Plan]:
+    """Every plan `plan` chooses from, in its order of preference, each with the model's time."""
     lead = 16 // itemsize - 1 if shift else 0
-    candidates = [*_whole_rows(op, n_rows if grouped else 1, n_cols, itemsize, lead, g, n_rows),
-                  *_looped(op, n_rows, n_cols, itemsize, lead, g),
-                  *_split(op, n_rows, n_cols, itemsize, lead, g)]
-    best = min(c.seconds for c in candidates)
-    return next(c for c in candidates if c.seconds <= best * TOLERANCE)
+    return [*_whole_rows(op, n_rows if grouped else 1, n_cols, itemsize, lead, g, n_rows),
+            *_looped(op, n_rows, n_cols, itemsize, lead, g),
+            *_split(op, n_rows, n_cols, itemsize, lead, g)]
 
 
 # ---- launching ------------------------------------------------------------------------------------

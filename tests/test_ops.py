@@ -276,12 +276,16 @@ def test_plan_shapes_the_launch_to_the_input():
     # 5120 halves: a block of 4096 and a tail of 1024, not 8192 lanes of which 3072 are masked
     wide = ops.plan("norm", 4096, 5120, 2, False, g)
     assert (wide.kind, wide.block, wide.tail) == ("rows", 4096, 1024)
+    # rows of 11008 f32, many of them: 8192 + 4096, not 16384 lanes of which 5376 are masked
+    assert ops.plan("norm", 32768, 11008, 4, False, g).tail == 4096
     # a launch of at most a program per SM: rows spread over the SMs, and a program's threads grow as the square
     # root of its block (512 bytes: a warp; 4 KB: 4; 32 and 64 KB: 16), so that neither the bytes each thread walks
-    # through nor the warps a reduction crosses dominate its latency
+    # through nor the warps a reduction crosses dominate its latency; a norm's, which load the weight and bias
+    # after their reduction, take a vector each up to 16 KB (4 KB: 8 warps, 16 KB: 32), 16 warps beyond
     spread = ops.plan("softmax", 128, 128, 2, False, g)
     assert (spread.rows, ops.plan("softmax", 4096, 128, 2, False, g).rows) == (1, 16)
-    assert [ops.plan("norm", 1, n, 4, False, g).warps for n in (128, 1024, 5120, 16384)] == [1, 4, 16, 16]
+    assert [ops.plan("softmax", 1, n, 4, False, g).warps for n in (128, 1024, 5120, 16384)] == [1, 4, 16, 16]
+    assert [ops.plan("norm", 1, n, 4, False, g).warps for n in (128, 1024, 4096, 5120, 16384)] == [1, 8, 32, 16, 16]
     # fewer SMs: a smaller GPU needs fewer chunks to fill
     small = ops.plan("cross_entropy", 8, 128256, 2, False, Gpu(sms=16))
     assert small.parts < ops.plan("cross_entropy", 8, 128256, 2, False, g).parts
