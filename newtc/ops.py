@@ -72,7 +72,7 @@ NORM_LONE = 16384  # the largest block of a lone norm program that takes a VECTO
 MIN_WARPS = 4  # whole-row programs: fewer warps only for blocks too small to give 4 warps a vector each
 PROGRAM_BYTES = 4096  # short rows are grouped until a program moves this much (f32 rows of 1024 by one)
 LONE_THREADS = 2  # threads of a lone whole-row program per sqrt(byte) of its block (measured on an H200: 16 KB blocks
-# of softmax, layer norm and cross-entropy 0.3-0.8 us faster at 8 warps than at 32, a 64 KB one at 16, 512 bytes at 1)
+# of softmax and cross-entropy 0.3-0.8 us faster at 8 warps than at 32, a 64 KB one at 16, 512 bytes at 1; norms differ)
 LOOP_ELEMS = 16  # elements per thread in each block of a loop
 MAX_ROW = {"softmax": 32768, "cross_entropy": 32768, "norm": 16384}  # widest row block kept in registers: 32
 # values per thread at 1024 threads, the most without spills (NVRTC for sm_80/sm_90a: the norm spills at 32768)
@@ -177,14 +177,14 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
         for rows in sorted(options, key=lambda r: (abs(math.log2(r / preferred)), r)):
             tile = rows * width * itemsize
             lone = _cdiv(n_rows, rows) <= g.sms
-            best = (tile / VECTOR if tile <= NORM_LONE else 512) if op == "norm" else LONE_THREADS * math.sqrt(tile)
+            best = (tile / VECTOR if tile <= NORM_LONE else 16 * 32) if op == "norm" else LONE_THREADS * math.sqrt(tile)
             order = sorted((32, 16, 8, 4, 2, 1), key=lambda w: abs(math.log2(32 * w / best))) if lone else \
                 (1, 2, 4, 8, 16, 32)
             for warps in order:
                 per_thread = tile // (32 * warps)
                 too_few = warps < MIN_WARPS and tile >= MIN_WARPS * 512
-                if per_thread > THREAD_BYTES or per_thread < min(16, tile // 32) or too_few or \
-                        tail and rows * tail * itemsize < 32 * warps * 16:  # a tail gives every thread a vector
+                if per_thread > THREAD_BYTES or per_thread < min(VECTOR, tile // 32) or too_few or \
+                        tail and rows * tail * itemsize < 32 * warps * VECTOR:  # a tail gives every thread a vector
                     continue
                 per_sm = resident(g, warps, registers(rows * width // (32 * warps)))
                 if per_sm:
