@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import reduce
 
+import numpy as np
+
 
 def log2(n: int) -> int:
     return n.bit_length() - 1
@@ -419,32 +421,26 @@ def wgmma_descriptor(shared: Layout, itemsize: int, start: tuple, sub: tuple, kd
     passed transposed): 8 rows of `mode` bytes per K group, K groups `SBO` apart, further `mode`-byte
     column panels `LBO` apart. Addresses assume a buffer aligned to 1024 bytes (one swizzle atom)."""
     inv = inverse(shared)
-
-    def byte(coord) -> int:
-        return itemsize * xor_span(inv, to_flat(shared.shape, coord))
-
-    def at(i: int, j: int) -> tuple:
-        c = list(start)
-        c[kdim] += j
-        c[1 - kdim] += i
-        return tuple(c)
-    origin = byte(start)
     mn, kk = sub[1 - kdim], sub[kdim]
+    # every element of the sub-tile at once: i along M or N, j along K (numpy arrays of the coordinates)
+    i, j = (a.ravel() for a in np.meshgrid(np.arange(mn), np.arange(kk), indexing="ij"))
+    coord = [None, None]
+    coord[kdim], coord[1 - kdim] = start[kdim] + j, start[1 - kdim] + i
+    flat = sum(c << s for c, (s, _) in zip(coord, dim_bits(shared.shape)))
+    byte = itemsize * reduce(lambda acc, kb: acc ^ ((flat >> kb[0]) & 1) * kb[1], enumerate(inv), 0 * flat)
+    origin = int(byte[0])
+
+    def at(i: int, j: int) -> int:  # the byte offset of element (i, j) of the sub-tile, from the origin
+        return int(byte[i * kk + j]) - origin
     major_k = shared.offset[0] >> dim_bits(shared.shape)[kdim][0] == 1 and dim_bits(shared.shape)[kdim][1] > 0
     for mode in (128, 64, 32):
         width = mode // itemsize  # elements in one row of the swizzle atom
         if major_k:
-            sbo = byte(at(8, 0)) - origin if mn > 8 else 0
-
-            def canon(i, j, sbo=sbo, width=width):
-                return ((i % 8) * width + j) * itemsize + (i // 8) * sbo
-            lbo = 16
+            sbo, lbo = at(8, 0) if mn > 8 else 0, 16
+            canon = ((i % 8) * width + j) * itemsize + (i // 8) * sbo
         else:
-            sbo = byte(at(0, 8)) - origin if kk > 8 else 0
-            lbo = byte(at(width, 0)) - origin if mn > width else 0
-
-            def canon(i, j, sbo=sbo, lbo=lbo, width=width):
-                return ((i % width) + (j % 8) * width) * itemsize + (i // width) * lbo + (j // 8) * sbo
-        if all(byte(at(i, j)) == _swizzle(origin + canon(i, j), mode) for i in range(mn) for j in range(kk)):
+            sbo, lbo = at(0, 8) if kk > 8 else 0, at(width, 0) if mn > width else 0
+            canon = ((i % width) + (j % 8) * width) * itemsize + (i // width) * lbo + (j // 8) * sbo
+        if (byte == _swizzle(origin + canon, mode)).all():
             return origin, lbo, sbo, mode, not major_k
     return None
