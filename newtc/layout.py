@@ -14,6 +14,7 @@ swizzled tiles they are read from (`swizzled`, with `ldmatrix` reading the bases
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import reduce
 
@@ -218,9 +219,11 @@ def pair(layout: Layout) -> Layout:
 
 
 # ---- shared memory ------------------------------------------------------------------------------------
-def solve(bases, target: int) -> int | None:
-    """The index x whose XOR of selected bases (xor_span(bases, x)) is target, or None if none is."""
-    rows: list[tuple[int, int]] = []  # (image, preimage), distinct leading bits
+@functools.lru_cache(maxsize=4096)
+def _echelon(bases: tuple) -> tuple:
+    """The bases eliminated to (image, preimage) rows with distinct leading bits, highest first (`solve`'s work
+    for every target, done once per bases: a layout's are solved for each of its bits)."""
+    rows: list[tuple[int, int]] = []
     for k, b in enumerate(bases):
         img, pre = b, 1 << k
         for r_img, r_pre in rows:
@@ -229,8 +232,13 @@ def solve(bases, target: int) -> int | None:
         if img:
             rows.append((img, pre))
             rows.sort(reverse=True)
+    return tuple(rows)
+
+
+def solve(bases, target: int) -> int | None:
+    """The index x whose XOR of selected bases (xor_span(bases, x)) is target, or None if none is."""
     x = 0
-    for r_img, r_pre in rows:
+    for r_img, r_pre in _echelon(tuple(bases)):
         if target & (1 << (r_img.bit_length() - 1)):
             target, x = target ^ r_img, x ^ r_pre
     return x if target == 0 else None
