@@ -152,8 +152,8 @@ def timed(impls: dict, args, ref, tol: float, quick: bool) -> dict:
 
 def plan_name(p) -> str:
     """A row plan (newtc.ops.Plan) in a few characters, as rows_check names them."""
-    return {"rows": f"rows b{p.block}+{p.tail} r{p.rows} w{p.warps}", "looped": f"looped w{p.warps} e{p.block // (32 * p.warps)}",
-            "split": f"split w{p.warps} p{p.parts}"}[p.kind]
+    return {"rows": f"rows b{p.block}+{p.tail} r{p.rows} w{p.warps}", "split": f"split w{p.warps} p{p.parts}",
+            "looped": f"looped w{p.warps} e{p.block // (32 * p.warps)}"}[p.kind]
 
 
 def model_plans(op: str, dtype: str, rows: int, width: int, g, k: int = 1) -> list[tuple]:
@@ -181,13 +181,14 @@ def neighbours(p, candidates: list, rows: int, covered: int, size: int) -> list:
 
     from newtc import ops
 
-    def fits(q) -> bool:  # a whole-row tile that gives every thread a vector and at most THREAD_BYTES
-        tile = q.rows * (q.block + q.tail) * size
-        return (1 if q.kind == "rows" else 4) <= q.warps <= 32 and (q.kind != "rows" or 1 <= q.rows <= ops._pow2(rows) and (
-            min(16, tile // 32) <= tile // (32 * q.warps) <= ops.THREAD_BYTES and
-            (not q.tail or q.rows * q.tail * size >= 32 * q.warps * 16)))
+    def fits(q) -> bool:  # 1-32 warps (loops: 4 up); a whole-row tile that gives every thread a vector, and at most
+        tile = q.rows * (q.block + q.tail) * size  # THREAD_BYTES
+        return (1 if q.kind == "rows" else 4) <= q.warps <= 32 and (q.kind != "rows" or (
+            1 <= q.rows <= ops._pow2(rows) and min(ops.VECTOR, tile // 32) <= tile // (32 * q.warps) <= ops.THREAD_BYTES
+            and (not q.tail or q.rows * q.tail * size >= 32 * q.warps * ops.VECTOR)))
     step = p.block // (32 * p.warps)  # a loop's elements per thread
-    near = [replace(p, warps=w, block=p.block if p.kind == "rows" else step * 32 * w) for w in (p.warps // 2, p.warps * 2)]
+    near = [replace(p, warps=w, block=p.block if p.kind == "rows" else step * 32 * w)
+            for w in (p.warps // 2, p.warps * 2)]
     if p.kind == "rows":
         near += [replace(p, rows=r, warps=max(1, p.warps * r // p.rows)) for r in (1, p.rows // 2, p.rows * 2)]
         near += [replace(p, block=b, tail=t) for b, t in ops._covers(covered) if (b, t) != (p.block, p.tail)]
@@ -229,16 +230,15 @@ def points(ops, dtypes, widths, heights):
 
 
 def measure(quick: bool, ops, dtypes, widths, heights, plans: int = 1) -> list[dict]:
-    """Each point's row; with plans > 1, the model's next fastest candidates are timed too (forced), each
-    recorded under `plans` by name, so that bench/replay_rows.py can replay other models over them."""
-    import newtc
+    """Each point's row; with plans > 1, plans - 1 of the model's plan's neighbours are timed too (forced),
+    each recorded under `plans` by name, so that bench/replay_rows.py can replay other models over them."""
     import torch
     from newtc import ops as newt_ops
     dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
     todo = list(points(ops, dtypes, widths, heights))
     print(f"sweep: {len(todo)} points", flush=True)
     copy = copy_gbps(quick)
-    gpu = newtc.ops.gpu(0)
+    gpu = newt_ops.gpu(0)
     (all_cases, tk), rows, started = cases(torch), [], time.perf_counter()
     for op, dt, m, n in todo:
         case = all_cases[op]
@@ -256,9 +256,10 @@ def measure(quick: bool, ops, dtypes, widths, heights, plans: int = 1) -> list[d
             ms = timed(impls, args, ref, TOL[dt], quick)
         finally:
             newt_ops.plan, newt_ops._fast = real
-        others = {name[5:]: t * 1e3 if isinstance(t, float) else t for name, t in ms.items() if name.startswith("plan ")}
+        others = {name[5:]: t * 1e3 if isinstance(t, float) else t
+                  for name, t in ms.items() if name.startswith("plan ")}
         del args, ref
-        moved = case.nbytes(m, n, 4 if dt == "f32" else 2)
+        moved = case.nbytes(m, n, SIZE[dt])
         pct = {name: 100 * moved / t / 1e6 / copy if isinstance(t, float) else t for name, t in ms.items()}
         other = best([ms["Triton"], ms["torch"]])
         ratio = other / ms["newt"] if isinstance(other, float) and isinstance(ms["newt"], float) else "-"

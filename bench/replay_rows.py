@@ -5,10 +5,11 @@
 
 Each sweep.json (bench_sweep.py; gzipped in bench/data) records, per point, the plan newt ran (`plan`), its time,
 the better of Triton and torch, and with --plans the times of other plans (`plans`). For every point, the plan the
-model picks now is looked up among the sweeps that ran that plan (their times averaged), and set against the better of Triton and torch averaged over all the sweeps of the point (a
-single run's others move 3-7% on launches of a few microseconds). Reports the geometric mean of newt/best and the
-points under 0.95 over the points whose plan some sweep measured, per op; --unmeasured lists the others (the
-points to measure next). The sweeps' GPU is taken to be an H200 (newtc.gpu.Gpu's defaults).
+model picks now is looked up among the sweeps that ran that plan (their times averaged), and set against the
+better of Triton and torch averaged over all the sweeps of the point (a single run's others move 3-7% on launches
+of a few microseconds). Reports the geometric mean of newt/best and the points under 0.95 over the points whose
+plan some sweep measured, per op; --unmeasured lists the others (the points to measure next). The sweeps' GPU is
+taken to be an H200 (newtc.gpu.Gpu's defaults).
 """
 from __future__ import annotations
 
