@@ -175,8 +175,8 @@ def model_plans(op: str, dtype: str, rows: int, width: int, g, k: int = 1) -> li
 def neighbours(p, candidates: list, rows: int, covered: int, size: int) -> list:
     """Plans one step from p, nearest first: half and twice its warps; one row, half and twice its rows (the warps
     scaled with them) and the row's other cover (whole rows), or the other loop step (looped); then the model's
-    fastest of each other kind.
-    Those the kernels cannot take fail when run and are not timed."""
+    fastest of each other kind. Each keeps the kernels' contracts (a split's chunk is a whole number of blocks: the
+    kernels do not check it, and a chunk that is not reads past its end)."""
     from dataclasses import replace
 
     from newtc import ops
@@ -186,9 +186,16 @@ def neighbours(p, candidates: list, rows: int, covered: int, size: int) -> list:
         return (1 if q.kind == "rows" else 4) <= q.warps <= 32 and (q.kind != "rows" or (
             1 <= q.rows <= ops._pow2(rows) and min(ops.VECTOR, tile // 32) <= tile // (32 * q.warps) <= ops.THREAD_BYTES
             and (not q.tail or q.rows * q.tail * size >= 32 * q.warps * ops.VECTOR)))
+    def warped(w: int):  # p on w warps: a loop keeps its elements per thread, a split's chunks stay whole blocks
+        if p.kind == "rows":
+            return replace(p, warps=w)
+        block = p.block // p.warps * w
+        if p.kind == "looped":
+            return replace(p, warps=w, block=block)
+        chunk = ops._cdiv(ops._cdiv(covered, p.parts), block) * block
+        return replace(p, warps=w, block=block, chunk=chunk, parts=ops._cdiv(covered, chunk))
     step = p.block // (32 * p.warps)  # a loop's elements per thread
-    near = [replace(p, warps=w, block=p.block if p.kind == "rows" else step * 32 * w)
-            for w in (p.warps // 2, p.warps * 2)]
+    near = [warped(w) for w in (p.warps // 2, p.warps * 2)]
     if p.kind == "rows":
         near += [replace(p, rows=r, warps=max(1, p.warps * r // p.rows)) for r in (1, p.rows // 2, p.rows * 2)]
         near += [replace(p, block=b, tail=t) for b, t in ops._covers(covered) if (b, t) != (p.block, p.tail)]
