@@ -25,13 +25,14 @@ def log2(n: int) -> int:
     return n.bit_length() - 1
 
 
-def dim_bits(shape: tuple) -> list[tuple[int, int]]:
-    """(shift, width) of each dim inside the flat index."""
+@functools.lru_cache(maxsize=4096)
+def dim_bits(shape: tuple) -> tuple[tuple[int, int], ...]:
+    """(shift, width) of each dim inside the flat index (cached: every coordinate conversion asks)."""
     out, shift = [], 0
     for d in reversed(shape):
         out.append((shift, log2(d)))
         shift += log2(d)
-    return out[::-1]
+    return tuple(out[::-1])
 
 
 def to_coord(shape: tuple, flat: int) -> tuple:

@@ -42,8 +42,8 @@ def holders(layout: Layout):
 # ---- flat indices ------------------------------------------------------------------------------------
 def test_log2_and_dim_bits():
     assert [log2(n) for n in (1, 2, 4, 1024)] == [0, 1, 2, 10]
-    assert dim_bits((4, 8, 2)) == [(4, 2), (1, 3), (0, 1)]
-    assert dim_bits((1, 16)) == [(4, 0), (0, 4)]
+    assert dim_bits((4, 8, 2)) == ((4, 2), (1, 3), (0, 1))
+    assert dim_bits((1, 16)) == ((4, 0), (0, 4))
     assert axis_mask((4, 8, 2), 1) == 0b0001110
     assert axis_mask((4, 8, 2), 0) == 0b0110000
 
