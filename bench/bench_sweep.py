@@ -150,22 +150,28 @@ def timed(impls: dict, args, ref, tol: float, quick: bool) -> dict:
     return {name: fs if isinstance(fs, str) else best([next(times) for _ in fs]) for name, fs in impls.items()}
 
 
+def torch_dtype(name: str):
+    """The torch dtype of a sweep's dtype name (f32, f16, bf16)."""
+    import torch
+    return {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
 def plan_name(p) -> str:
     """A row plan (newtc.ops.Plan) in a few characters, as rows_check names them."""
     return {"rows": f"rows b{p.block}+{p.tail} r{p.rows} w{p.warps}", "split": f"split w{p.warps} p{p.parts}",
             "looped": f"looped w{p.warps} e{p.block // (32 * p.warps)}"}[p.kind]
 
 
-def model_plans(op: str, dtype: str, rows: int, width: int, g, k: int = 1) -> list[tuple]:
-    """(name, plan): the plan newtc.ops takes for a point's contiguous input on GPU g (newtc.gpu.Gpu), then up to
-    k - 1 of its neighbours (rows start off 16-byte boundaries where the width is not a multiple of 16 bytes, as
-    `ops._configure` finds)."""
+def model_plans(op: str, x, k: int = 1) -> list[tuple]:
+    """(name, plan): the plan newtc.ops takes for input x (`ops._configure`; a meta tensor plans for an H200), then
+    up to k - 1 of its neighbours."""
     from newtc import ops
-    size = SIZE[dtype]
-    args = ({"layernorm": "norm", "rmsnorm": "norm"}.get(op, op), rows, width, size, width % (16 // size) != 0, g)
-    model = ops.plan(*args)
+    kind = {"layernorm": "norm", "rmsnorm": "norm"}.get(op, op)
+    model, meta = ops._configure(kind, x, x.stride(0))
+    (rows, width), size = x.shape, x.element_size()
+    args = (kind, rows, width, size, meta["SHIFT"], ops.gpu(x.get_device()))
     out = {plan_name(model): model}
-    for p in neighbours(model, ops.candidates(*args), rows, width + (16 // size - 1 if args[4] else 0), size):
+    for p in neighbours(model, ops.candidates(*args), rows, width + (16 // size - 1 if meta["SHIFT"] else 0), size):
         if len(out) >= k:
             break
         out.setdefault(plan_name(p), p)
@@ -207,9 +213,9 @@ def neighbours(p, candidates: list, rows: int, covered: int, size: int) -> list:
     return [q for q in near if fits(q)] + [c for kind, c in kinds.items() if kind != p.kind]
 
 
-def model_plan(op: str, dtype: str, rows: int, width: int, g) -> str:
-    """The name of the plan newtc.ops takes for a point (recorded beside its time)."""
-    return model_plans(op, dtype, rows, width, g)[0][0]
+def model_plan(op: str, x) -> str:
+    """The name of the plan newtc.ops takes for input x (recorded beside its time)."""
+    return model_plans(op, x)[0][0]
 
 
 def forced(ops, plan, fn):
@@ -241,19 +247,17 @@ def measure(quick: bool, ops, dtypes, widths, heights, plans: int = 1) -> list[d
     each recorded under `plans` by name, so that bench/replay_rows.py can replay other models over them."""
     import torch
     from newtc import ops as newt_ops
-    dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
     todo = list(points(ops, dtypes, widths, heights))
     print(f"sweep: {len(todo)} points", flush=True)
     copy = copy_gbps(quick)
-    gpu = newt_ops.gpu(0)
     (all_cases, tk), rows, started = cases(torch), [], time.perf_counter()
     for op, dt, m, n in todo:
         case = all_cases[op]
         torch.manual_seed(m * 7919 + n)
-        args = case.make(m, n, dtype[dt])
+        args = case.make(m, n, torch_dtype(dt))
         ref = case.reference(*args)
         impls = case.impls(n, tk)
-        alternatives = model_plans(op, dt, m, n, gpu, plans)
+        alternatives = model_plans(op, args[0], plans)
         plan = alternatives[0][0]
         real = newt_ops.plan, newt_ops._fast
         if plans > 1:  # every newt candidate forced, the model's own included, so that none runs another's plan

@@ -9,7 +9,7 @@ model picks now is looked up among the sweeps that ran that plan (their times av
 better of Triton and torch averaged over all the sweeps of the point (a single run's others move 3-7% on launches
 of a few microseconds). Reports the geometric mean of newt/best and the points under 0.95 over the points whose
 plan some sweep measured, per op; --unmeasured lists the others (the points to measure next). The sweeps' GPU is
-taken to be an H200 (newtc.gpu.Gpu's defaults).
+taken to be an H200 (the plans of meta tensors: newtc.gpu.Gpu's defaults).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from common import Table
 
 
 def replay(paths: list[str]) -> tuple[list[dict], list[tuple]]:
-    from newtc.gpu import Gpu
+    import torch
     runs: dict = defaultdict(list)
     for path in paths:
         text = gzip.decompress(Path(path).read_bytes()) if path.endswith(".gz") else Path(path).read_bytes()
@@ -35,7 +35,8 @@ def replay(paths: list[str]) -> tuple[list[dict], list[tuple]]:
                 runs[r["op"], r["dtype"], r["rows"], r["width"]].append(r)
     points, unmeasured = [], []
     for key, rs in runs.items():
-        plan = bs.model_plan(*key, Gpu())
+        op, dtype, rows, width = key
+        plan = bs.model_plan(op, torch.empty((rows, width), dtype=bs.torch_dtype(dtype), device="meta"))
         times = [r["newt us"] if r["plan"] == plan else r.get("plans", {}).get(plan) for r in rs]
         times = [t for t in times if isinstance(t, float)]
         if not times:

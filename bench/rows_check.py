@@ -24,7 +24,6 @@ POINTS = ["layernorm:f32:1x5120", "softmax:f16:128x128", "softmax:f32:1x32768", 
           "softmax:f32:128x4096", "layernorm:f16:8x8192", "cross_entropy:bf16:1x16384", "rmsnorm:bf16:128x5120",
           "layernorm:f16:4096x262144", "rmsnorm:f16:4096x262144", "layernorm:bf16:1024x65536",  # many long rows
           "layernorm:f32:4096x50257", "layernorm:f32:8x262144"]
-SIZE = {"f32": 4, "f16": 2, "bf16": 2}
 
 
 def alternatives(ops, op: str, m: int, n: int, s: int) -> list:
@@ -58,7 +57,6 @@ def run(points: list[str], quick: bool) -> list[Table]:
     from newtc import ops
     copy = copy_gbps(quick)
     cases, tk = bs.cases(torch)
-    dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
     tables, log = [], []
     real = ops.plan, ops._fast
     for point in points:
@@ -66,11 +64,11 @@ def run(points: list[str], quick: bool) -> list[Table]:
         m, n = map(int, shape.split("x"))
         case = cases[op]
         torch.manual_seed(m * 7919 + n)
-        args = case.make(m, n, dtype[dt])
+        args = case.make(m, n, bs.torch_dtype(dt))
         ref = case.reference(*args)
-        moved = case.nbytes(m, n, SIZE[dt])
+        moved = case.nbytes(m, n, bs.SIZE[dt])
         impls = {name: [bs.forced(ops, p, case.newt)]
-                 for name, p in alternatives(ops, "norm" if op.endswith("norm") else op, m, n, SIZE[dt])}
+                 for name, p in alternatives(ops, "norm" if op.endswith("norm") else op, m, n, bs.SIZE[dt])}
         impls |= {name: fns for name, fns in case.impls(n, tk).items() if name != "newt"}
         try:
             results = bs.timed(impls, args, ref, bs.TOL[dt], quick)

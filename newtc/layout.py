@@ -435,8 +435,8 @@ def wgmma_descriptor(shared: Layout, itemsize: int, start: tuple, sub: tuple, kd
     i, j = (a.ravel() for a in np.meshgrid(np.arange(mn), np.arange(kk), indexing="ij"))
     coord = [None, None]
     coord[kdim], coord[1 - kdim] = start[kdim] + j, start[1 - kdim] + i
-    flat = sum(c << s for c, (s, _) in zip(coord, dim_bits(shared.shape)))
-    byte = itemsize * reduce(lambda acc, kb: acc ^ ((flat >> kb[0]) & 1) * kb[1], enumerate(inv), 0 * flat)
+    flat = to_flat(shared.shape, coord)
+    byte = itemsize * reduce(lambda acc, kb: acc ^ ((flat >> kb[0]) & 1) * kb[1], enumerate(inv), 0 * flat)  # xor_span
     origin = int(byte[0])
 
     def at(i: int, j: int) -> int:  # the byte offset of element (i, j) of the sub-tile, from the origin
