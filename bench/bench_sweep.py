@@ -11,9 +11,12 @@ its looped online form (blocks of 4096 and 8192) for rows above 4096. At each po
 (newt, each Triton configuration, torch) is run once and its result checked against torch in f32; a wrong
 one is not timed. Then the right ones are timed in rounds (2 with --quick, else 3), each round in an order
 rotated by one, so that none is always timed first (after the compiles' CPU gap, when the GPU's clocks
-may have fallen). A candidate's time is the least of its rounds' do_bench medians, with L2 flushed before
-each run (the flush also hides the host's launch cost, so they are GPU times); an implementation's time
-is its best candidate's.
+may have fallen). A candidate's time is the least of its rounds' medians; an implementation's time is its
+best candidate's. Points with under GRAPHED bytes of input are timed as a CUDA graph of 256 launches that
+cycle through copies of the input, at least ROTATE bytes of them where that takes at most 256 copies
+(common.graph_bench: GPU time back to back, inputs of a MB and more not in L2); larger ones by do_bench with
+L2 flushed before each run (the flush also hides the host's launch cost, so both are GPU times). Flushed
+runs of launches of a few microseconds move by up to 2x between kernels that do the same work.
 
 With --plans K, each point also times K - 1 plans next to the model's (bench_sweep.neighbours), each forced,
 and records them, so that bench/replay_rows.py can judge other models over them without a GPU.
@@ -46,6 +49,8 @@ OPS = ("softmax", "layernorm", "rmsnorm", "cross_entropy")
 MAX_INPUT = 2**31  # bytes of input per point
 SIZE = {"f32": 4, "f16": 2, "bf16": 2}
 MAX_SINGLE_BLOCK = 32768  # Triton's one-block rows: beyond, its registers spill
+GRAPHED = 128 << 20  # bytes of input under which a point is timed as a graph of launches
+ROTATE = 256 << 20  # bytes of input copies the graph cycles through
 TOL = {"f32": 1e-4, "f16": 2e-2, "bf16": 2e-2}  # relative error (norm) against torch in f32
 
 
@@ -131,6 +136,19 @@ def check(fn, args, ref, tol: float) -> str | None:
     return None
 
 
+def graphed(args) -> bool:
+    """Whether a point with these inputs is timed as a graph of launches (else by do_bench, flushed)."""
+    return sum(a.numel() * a.element_size() for a in args) < GRAPHED
+
+
+def argsets(args) -> list | None:
+    """Copies of a point's inputs for common.graph_bench, or None where the point is large enough for do_bench."""
+    if not graphed(args):
+        return None
+    size = sum(a.numel() * a.element_size() for a in args)
+    return [args] + [tuple(a.clone() for a in args) for _ in range(min(255, -(-ROTATE // size) - 1))]
+
+
 def timed(impls: dict, args, ref, tol: float, quick: bool) -> dict:
     """{name: [candidates] or a failure cell} -> {name: median ms of its best candidate, or a failure cell}:
     all candidates checked first, then the right ones timed in rounds of rotated order, each keeping its best."""
@@ -139,11 +157,13 @@ def timed(impls: dict, args, ref, tol: float, quick: bool) -> dict:
     fns = [f for fs in impls.values() if not isinstance(fs, str) for f in fs]
     ms = [check(f, args, ref, tol) or math.inf for f in fns]
     ok = [i for i, t in enumerate(ms) if t == math.inf]
+    copies = argsets(args)
     for r in range(rounds):
         for i in (ok[(r + j) % len(ok)] for j in range(len(ok))):
             if isinstance(ms[i], float):  # not failed in an earlier round
                 try:
-                    ms[i] = min(ms[i], do_bench(lambda: fns[i](*args), warmup=warmup, rep=rep, return_mode="median"))
+                    ms[i] = min(ms[i], common.graph_bench(fns[i], copies) if copies else
+                                do_bench(lambda: fns[i](*args), warmup=warmup, rep=rep, return_mode="median"))
                 except Exception as e:
                     ms[i] = failure(e)
     times = iter(ms)
@@ -179,10 +199,10 @@ def model_plans(op: str, x, k: int = 1) -> list[tuple]:
 
 
 def neighbours(p, candidates: list, rows: int, covered: int, size: int) -> list:
-    """Plans one step from p, nearest first: half and twice its warps; one row, half and twice its rows (the warps
-    scaled with them) and the row's other cover (whole rows), or the other loop step (looped); then the model's
-    fastest of each other kind. Each keeps the kernels' contracts (a split's chunk is a whole number of blocks: the
-    kernels do not check it, and a chunk that is not reads past its end)."""
+    """Plans one step from p, nearest first. Whole rows: one row, half and twice its rows (the warps scaled with
+    them), half and twice its warps, the row's other cover. Loops: half and twice the warps, the other loop step.
+    Then the model's fastest of each other kind. Each keeps the kernels' contracts (a split's chunk is a whole
+    number of blocks: the kernels do not check it, and a chunk that is not reads past its end)."""
     from dataclasses import replace
 
     from newtc import ops
@@ -202,8 +222,8 @@ def neighbours(p, candidates: list, rows: int, covered: int, size: int) -> list:
         return replace(p, warps=w, block=block, chunk=chunk, parts=ops._cdiv(covered, chunk))
     step = p.block // (32 * p.warps)  # a loop's elements per thread
     near = [warped(w) for w in (p.warps // 2, p.warps * 2)]
-    if p.kind == "rows":
-        near += [replace(p, rows=r, warps=max(1, p.warps * r // p.rows)) for r in (1, p.rows // 2, p.rows * 2)]
+    if p.kind == "rows":  # one row a program first: against rows grouped on many warps, the likeliest to win
+        near[:0] = [replace(p, rows=r, warps=max(1, p.warps * r // p.rows)) for r in (1, p.rows // 2, p.rows * 2)]
         near += [replace(p, block=b, tail=t) for b, t in ops._covers(covered) if (b, t) != (p.block, p.tail)]
     elif p.kind == "looped":
         near.append(replace(p, block=(24 - step) * 32 * p.warps))  # 8 elements a thread for 16, 16 for 8
@@ -269,6 +289,7 @@ def measure(quick: bool, ops, dtypes, widths, heights, plans: int = 1) -> list[d
             newt_ops.plan, newt_ops._fast = real
         others = {name[5:]: t * 1e3 if isinstance(t, float) else t
                   for name, t in ms.items() if name.startswith("plan ")}
+        timing = "graph" if graphed(args) else "flushed"
         del args, ref
         moved = case.nbytes(m, n, SIZE[dt])
         pct = {name: 100 * moved / t / 1e6 / copy if isinstance(t, float) else t for name, t in ms.items()}
@@ -277,6 +298,7 @@ def measure(quick: bool, ops, dtypes, widths, heights, plans: int = 1) -> list[d
         rows.append({"op": op, "dtype": dt, "rows": m, "width": n, "newt % copy": pct["newt"],
                      "Triton % copy": pct["Triton"], "torch % copy": pct["torch"], "newt/best": ratio,
                      "newt us": ms["newt"] * 1e3 if isinstance(ms["newt"], float) else ms["newt"], "plan": plan,
+                     "timing": timing,
                      **({"plans": others} if others else {})})
         if len(rows) % 25 == 0:  # a chunk cut short by its call's time limit keeps what it measured
             print(f"  {len(rows)} points, {time.perf_counter() - started:.0f} s", flush=True)

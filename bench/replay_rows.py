@@ -9,7 +9,8 @@ model picks now is looked up among the sweeps that ran that plan (their times av
 better of Triton and torch averaged over all the sweeps of the point (a single run's others move 3-7% on launches
 of a few microseconds). Reports the geometric mean of newt/best and the points under 0.95 over the points whose
 plan some sweep measured, per op; --unmeasured lists the others (the points to measure next). The sweeps' GPU is
-taken to be an H200 (the plans of meta tensors: newtc.gpu.Gpu's defaults).
+taken to be an H200 (the plans of meta tensors: newtc.gpu.Gpu's defaults). A point's sweeps must have timed it
+the same way (`timing`: a graph of launches, or flushed runs; sweeps before graphs were all flushed).
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ def replay(paths: list[str]) -> tuple[list[dict], list[tuple]]:
     points, unmeasured = [], []
     for key, rs in runs.items():
         op, dtype, rows, width = key
+        if len({r.get("timing", "flushed") for r in rs}) > 1:  # graphs and flushed runs time different things
+            raise SystemExit(f"{key}: the sweeps timed this point in different ways; replay sweeps of one method")
         plan = bs.model_plan(op, torch.empty((rows, width), dtype=bs.torch_dtype(dtype), device="meta"))
         times = [r["newt us"] if r["plan"] == plan else r.get("plans", {}).get(plan) for r in rs]
         times = [t for t in times if isinstance(t, float)]
