@@ -68,14 +68,16 @@ LAUNCH = 2e-6  # seconds: what a dependent second kernel adds (launch gap, ramp 
 THREAD_BYTES = 128  # the most of a row block one thread holds: 8 16-byte vectors (32 f32 or 64 f16 values);
 # measured on an H200 the best up to rows of 16 KB (f32 softmax at 4096 and 16384, f16 layer norm at 8192)
 VECTOR = 16  # bytes a thread loads at once
-NORM_LONE = 16384  # the largest block of a lone norm program that takes a VECTOR per thread (`_whole_rows`)
+NORM_LONE = 32  # bytes per thread of a lone norm program, up to 16 warps (`_whole_rows`)
 MIN_WARPS = 4  # whole-row programs: fewer warps only for blocks too small to give 4 warps a vector each
-PROGRAM_BYTES = 4096  # short rows are grouped until a program moves this much (f32 rows of 1024 by one)
+PROGRAM_BYTES = 2048  # short rows are grouped until a program moves this much (f16 rows of 1024 by two)
 LONE_THREADS = 2  # threads of a lone whole-row program per sqrt(byte) of its block (measured on an H200: 16 KB blocks
 # of softmax and cross-entropy 0.3-0.8 us faster at 8 warps than at 32, a 64 KB one at 16, 512 bytes at 1; norms differ)
 LOOP_ELEMS = 16  # elements per thread in each block of a loop
 MAX_ROW = {"softmax": 32768, "cross_entropy": 32768, "norm": 16384}  # widest row block kept in registers: 32
 # values per thread at 1024 threads, the most without spills (NVRTC for sm_80/sm_90a: the norm spills at 32768)
+LONE_BYTES = 65536  # the largest block of a lone whole-row program: one SM streams it all, where a split or a loop
+# spreads it (H200: softmax f32 of 32768, 1-8 rows 1.5-1.7x slower whole than split, 128 rows 1.08x slower than looped)
 MAX_PARTS = 1024  # chunks per row in a split plan
 TOLERANCE = 1.03  # a preferred candidate within 3% of the fastest wins: the model ranks, it does not measure
 TRAFFIC = {"softmax": 2, "norm": 2, "cross_entropy": 1}  # row passes to DRAM at best: read + write, or read
@@ -120,8 +122,11 @@ def resident(g: Gpu, warps: int, regs: int) -> int:
 def seconds(g: Gpu, programs: int, per_sm: int, in_flight: int, dram: float, l2: float = 0.0,
             stores: bool = True) -> float:
     """The time of one kernel of `programs` equal programs, up to `per_sm` of them resident per SM, each
-    with `in_flight` bytes of loads outstanding, moving `dram` bytes from DRAM and `l2` from L2: full waves
-    of programs, then the last, part-full one. With `stores`, each program ends by storing its rows, which
+    with `in_flight` bytes of loads outstanding, moving `dram` bytes from DRAM and `l2` from L2, at the rate
+    of as many programs at once as fit. No waves: an SM starts a program as soon as one ends, so a last part-full
+    wave of short programs costs about one program's latency (on an H200, in graphs of launches, a model with waves
+    grouped short rows 2-8 to a program for it, 10-25% slower than a row or two per program: softmax f16
+    4096 x 768, layer norm f16 4096 x 1024). With `stores`, each program ends by storing its rows, which
     the next program's loads overlap. Without (a loop, whose stores do not cover the waits between its
     steps, or cross-entropy), an SM's memory idles through its programs' reductions and waits (WAIT after
     each step) unless another program on it is loading meanwhile: programs that start apart, as in a launch of several
@@ -136,10 +141,8 @@ def seconds(g: Gpu, programs: int, per_sm: int, in_flight: int, dram: float, l2:
         busy = 1.0 if stores else step / (step + WAIT) if together else min(1.0, on_sm * step / (step + WAIT))
         return min(n, g.sms) * busy * min(share, on_sm * in_flight / LATENCY)
 
-    full, last = divmod(programs, g.sms * per_sm)
-    work = (dram + l2 / L2_SPEEDUP) / programs
     wave = g.sms * per_sm
-    return (full * wave * work / rate(wave) if full else 0.0) + (last * work / rate(last) if last else 0.0)
+    return (dram + l2 / L2_SPEEDUP) / rate(min(programs, wave))
 
 
 def _covers(width: int) -> list[tuple[int, int]]:
@@ -163,9 +166,9 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
     and the threads are about LONE_THREADS * sqrt(tile bytes): a lone program's latency grows with the bytes
     each thread walks through and with the warps its reductions cross, a * bytes / threads + b * threads,
     least at sqrt(a / b * bytes) threads. A norm's threads also load the weight (and bias) after the reduction,
-    a second dependent step that more threads shorten: there each thread loads one VECTOR of blocks up to NORM_LONE
-    bytes, and larger ones take 16 warps (measured on an H200: layer norm f32 1 x 4096 4.9 us at 32 warps, 7.4 us at
-    8; 1 x 16384 7.5 us at 16, 8.9 at 32; softmax f32 1 x 4096 4.6 us at 8, 5.2 at 32)."""
+    a second dependent step that more threads shorten: there each thread holds NORM_LONE bytes, up to 16 warps
+    (measured on an H200 in graphs of launches: layer norm f32 1 x 4096 2.21 us at 16 warps, 2.50 at 32; 8 x 16384
+    5.01 at 16, 6.54 at 32). A lone block over LONE_BYTES is left to loops and splits."""
     preferred = max(1, min(PROGRAM_BYTES // (n_cols * itemsize), n_rows // g.sms))
     covers = _covers(n_cols + lead)
     tail_first = n_rows > g.sms and (op == "norm" or itemsize < 4)
@@ -177,7 +180,9 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
         for rows in sorted(options, key=lambda r: (abs(math.log2(r / preferred)), r)):
             tile = rows * width * itemsize
             lone = _cdiv(n_rows, rows) <= g.sms
-            best = (tile / VECTOR if tile <= NORM_LONE else 16 * 32) if op == "norm" else LONE_THREADS * math.sqrt(tile)
+            if lone and tile > LONE_BYTES:
+                continue
+            best = min(tile / NORM_LONE, 16 * 32) if op == "norm" else LONE_THREADS * math.sqrt(tile)
             order = sorted((32, 16, 8, 4, 2, 1), key=lambda w: abs(math.log2(32 * w / best))) if lone else \
                 (1, 2, 4, 8, 16, 32)
             for warps in order:
