@@ -168,6 +168,7 @@ def out_path(name: str) -> Path | None:
 def write(name: str, data) -> None:
     """Save a log under $OUT if set: text as is, anything else as JSON."""
     if path := out_path(name):
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(data if isinstance(data, str) else json.dumps(data, indent=1, default=str))
 
 

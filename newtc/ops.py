@@ -104,6 +104,11 @@ class Plan:
     tail: int = 0
     seconds: float = 0.0  # the model's estimate, for benchmarks and debugging
 
+    @property
+    def blocks(self) -> int:
+        """A split's chunk in blocks, as its kernels take it: a chunk of whole blocks whatever they are passed."""
+        return self.chunk // self.block
+
 
 def registers(values: int) -> int:
     """Registers per thread holding `values` f32 values of a row block: NVRTC's counts for the stdlib row
@@ -408,8 +413,8 @@ def _softmax_steps(x2: Tensor, log: bool) -> tuple:
                  dict(BLOCK=p.block, TAIL=p.tail, ROWS=p.rows, LOG=log, num_warps=p.warps, **meta))], _like
     if p.kind == "looped":
         return [(mod.softmax_looped, (rows,), (A, B, n, stride, n), dict(LOG=log, **_looped_meta(p, meta)))], _like
-    return [(mod.row_partials, (p.parts, rows), (A, C, n, stride, p.chunk), _looped_meta(p, meta)),
-            (mod.softmax_split, (p.parts, rows), (A, B, C, n, stride, n, p.chunk),
+    return [(mod.row_partials, (p.parts, rows), (A, C, n, stride, p.blocks), _looped_meta(p, meta)),
+            (mod.softmax_split, (p.parts, rows), (A, B, C, n, stride, n, p.blocks),
              dict(BLOCK=p.block, PARTS=_pow2(p.parts), LOG=log, num_warps=p.warps, **meta))], \
         functools.partial(_with_partials, rows * p.parts * 2, _like)
 
@@ -436,7 +441,7 @@ def _cross_entropy_steps(x2: Tensor) -> tuple:
                  dict(BLOCK=p.block, TAIL=p.tail, ROWS=p.rows, num_warps=p.warps, **meta))], _losses
     if p.kind == "looped":
         return [(mod.cross_entropy_looped, (rows,), (A, B, C, n, stride), _looped_meta(p, meta))], _losses
-    return [(mod.row_partials, (p.parts, rows), (A, D, n, stride, p.chunk), _looped_meta(p, meta)),
+    return [(mod.row_partials, (p.parts, rows), (A, D, n, stride, p.blocks), _looped_meta(p, meta)),
             (mod.cross_entropy_split, (rows,), (A, B, C, D, p.parts, n, stride), dict(PARTS=_pow2(p.parts)))], \
         functools.partial(_with_partials, rows * p.parts * 2, _losses)
 
@@ -465,8 +470,8 @@ def _norm_steps(x2: Tensor, rms: bool, bias: bool) -> tuple:
     if p.kind == "looped":
         return [(mod.norm_looped, (rows,), (A, B, C, E, n, stride, n, D),
                  dict(RMS=rms, BIAS=bias, **_looped_meta(p, meta)))], _like
-    return [(mod.norm_partials, (p.parts, rows), (A, F, n, stride, p.chunk), dict(RMS=rms, **_looped_meta(p, meta))),
-            (mod.norm_split, (p.parts, rows), (A, B, C, E, F, n, stride, n, p.chunk, D),
+    return [(mod.norm_partials, (p.parts, rows), (A, F, n, stride, p.blocks), dict(RMS=rms, **_looped_meta(p, meta))),
+            (mod.norm_split, (p.parts, rows), (A, B, C, E, F, n, stride, n, p.blocks, D),
              dict(BLOCK=p.block, PARTS=_pow2(p.parts), BIAS=bias, num_warps=p.warps, **meta))], \
         functools.partial(_with_partials, rows * p.parts * 3, _like)
 

@@ -147,13 +147,13 @@ def forced_plans(n: int, itemsize: int, shift: bool, grouped: bool):
     vec = 16 // itemsize
     lead = vec - 1 if shift else 0
     loop = 64 * vec  # one warp, two vectors per lane
-    chunk = 2 * loop
     if grouped:
         yield Plan("rows", ops._pow2(n + lead), 1, rows=4)
     yield Plan("rows", ops._pow2(n + lead), 2)
     yield Plan("rows", 512, 1, tail=ops._pow2(n + lead - 512), rows=2 if grouped else 1)  # a block and a tail
     yield Plan("looped", loop, 1)
-    yield Plan("split", loop, 1, parts=math.ceil((n + lead) / chunk), chunk=chunk)
+    for chunk in (2 * loop, 3 * loop):  # the last chunk whole or cut by the row's end
+        yield Plan("split", loop, 1, parts=math.ceil((n + lead) / chunk), chunk=chunk)
 
 
 @pytest.mark.parametrize("device", devices())
