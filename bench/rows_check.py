@@ -7,7 +7,7 @@ per SM (bound by latency), and many long rows (the norms' moment pass). For each
 (`newtc.ops.plan`), the other whole-row warps and rows per program of its block, looped plans of 4-32 warps
 and 8 or 16 elements a step, split plans of 4-16 warps and a few chunk counts, one wave and more (up to 1024
 rows), then Triton's best and torch. All are run and checked against torch in f32 first, then the right ones
-timed in rounds of rotated order, as in the sweep (bench_sweep.timed: do_bench, L2 flushed).
+timed in rounds of rotated order, as in the sweep (bench_sweep.timed: small points as CUDA graphs, large ones flushed).
 With $OUT set: rows_check.md and rows_check.json.
 """
 from __future__ import annotations
