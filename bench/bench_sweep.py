@@ -12,8 +12,8 @@ its looped online form (blocks of 4096 and 8192) for rows above 4096. At each po
 one is not timed. Then the right ones are timed in rounds (2 with --quick, else 3), each round in an order
 rotated by one, so that none is always timed first (after the compiles' CPU gap, when the GPU's clocks
 may have fallen). A candidate's time is the least of its rounds' medians; an implementation's time is its
-best candidate's. Points with under GRAPHED bytes of input are timed as a CUDA graph of 256 launches that
-cycle through copies of the input, at least ROTATE bytes of them where that takes at most 256 copies
+best candidate's. Points with under GRAPHED bytes of input are timed as a CUDA graph of a launch per copy of
+the input (at least 32), at least ROTATE bytes of copies where that takes at most 256 of them
 (common.graph_bench: GPU time back to back, inputs of a MB and more not in L2); larger ones by do_bench with
 L2 flushed before each run (the flush also hides the host's launch cost, so both are GPU times). Flushed
 runs of launches of a few microseconds move by up to 2x between kernels that do the same work.

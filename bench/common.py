@@ -58,9 +58,9 @@ def _event_bench(fn, warmup: float, rep: float) -> float:
     return time_ms(fn, flush, max(1, int(rep / estimate)))
 
 
-def graph_bench(fn, argsets: list, launches: int = 256, replays: int = 5) -> float:
-    """Median milliseconds of one fn(*args) in a CUDA graph of `launches` calls that cycle through `argsets`
-    (copies of one input: enough of them and a small input is not just re-read from L2). Between flushed runs,
+def graph_bench(fn, argsets: list, replays: int = 5) -> float:
+    """Median milliseconds of one fn(*args) in a CUDA graph of a call per set of `argsets`, at least 32 cycling
+    through them (copies of one input: enough of them and a small input is not just re-read from L2). Between flushed runs,
     launches of 4-10 us moved by up to 2x with no change to the kernel (Triton's 1x1024 f16 softmax on 1 and 2
     warps: 4.96 and 9.09 us; in a graph, 1.71 and 1.62), which a graph of back-to-back launches does not."""
     import torch
@@ -70,7 +70,7 @@ def graph_bench(fn, argsets: list, launches: int = 256, replays: int = 5) -> flo
         for args in argsets[:3]:
             fn(*args)
     torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
+    graph, launches = torch.cuda.CUDAGraph(), max(32, len(argsets))
     with torch.cuda.graph(graph):
         for i in range(launches):
             fn(*argsets[i % len(argsets)])
