@@ -138,15 +138,18 @@ def check(fn, args, ref, tol: float) -> str | None:
 
 def graphed(args) -> bool:
     """Whether a point with these inputs is timed as a graph of launches (else by do_bench, flushed)."""
-    return sum(a.numel() * a.element_size() for a in args) < GRAPHED
+    return input_bytes(args) < GRAPHED
+
+
+def input_bytes(args) -> int:
+    return sum(a.numel() * a.element_size() for a in args)
 
 
 def argsets(args) -> list | None:
     """Copies of a point's inputs for common.graph_bench, or None where the point is large enough for do_bench."""
     if not graphed(args):
         return None
-    size = sum(a.numel() * a.element_size() for a in args)
-    return [args] + [tuple(a.clone() for a in args) for _ in range(min(255, -(-ROTATE // size) - 1))]
+    return [args] + [tuple(a.clone() for a in args) for _ in range(min(255, -(-ROTATE // input_bytes(args)) - 1))]
 
 
 def timed(impls: dict, args, ref, tol: float, quick: bool) -> dict:
@@ -201,8 +204,8 @@ def model_plans(op: str, x, k: int = 1) -> list[tuple]:
 def neighbours(p, candidates: list, rows: int, covered: int, size: int) -> list:
     """Plans one step from p, nearest first. Whole rows: one row, half and twice its rows (the warps scaled with
     them), half and twice its warps, the row's other cover. Loops: half and twice the warps, the other loop step.
-    Then the model's fastest of each other kind. Each keeps the kernels' contracts (a split's chunk is a whole
-    number of blocks: the kernels do not check it, and a chunk that is not reads past its end)."""
+    Then the model's fastest of each other kind. A split's chunks stay whole blocks that cover the row (its
+    kernels take a chunk as a count of blocks, `Plan.blocks`, which would drop a part of a block)."""
     from dataclasses import replace
 
     from newtc import ops

@@ -60,9 +60,10 @@ def _event_bench(fn, warmup: float, rep: float) -> float:
 
 def graph_bench(fn, argsets: list, replays: int = 5) -> float:
     """Median milliseconds of one fn(*args) in a CUDA graph of a call per set of `argsets`, at least 32 cycling
-    through them (copies of one input: enough of them and a small input is not just re-read from L2). Between flushed runs,
-    launches of 4-10 us moved by up to 2x with no change to the kernel (Triton's 1x1024 f16 softmax on 1 and 2
-    warps: 4.96 and 9.09 us; in a graph, 1.71 and 1.62), which a graph of back-to-back launches does not."""
+    through them (copies of one input: enough of them and a small input is not just re-read from L2). Between
+    flushed runs, launches of 4-10 us moved by up to 2x with no change to the kernel (Triton's 1x1024 f16 softmax
+    on 1 and 2 warps: 4.96 and 9.09 us; in a graph, 1.71 and 1.62), which a graph of back-to-back launches does
+    not."""
     import torch
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
