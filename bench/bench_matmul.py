@@ -138,9 +138,10 @@ def sweep_configs(quick: bool) -> Table:
         a, b = (torch.randn(m, k, device="cuda", dtype=dtype) for _ in range(2))
         c = torch.empty(m, n, device="cuda", dtype=dtype)
         ref = a.float() @ b.float()
-        for bm, bn, bk, w, s, ws, persistent in (
+        for bm, bn, bk, w, s, ws, persistent, *halves in (
                 (128, 256, 64, 8, 4, False, False), (128, 256, 64, 8, 4, False, True), (128, 256, 32, 8, 6, False, False),
                 (128, 256, 64, 8, 3, True, False), (128, 256, 64, 8, 3, True, True), (128, 256, 32, 8, 6, True, True),
+                (128, 256, 64, 8, 4, True, True, True), (128, 256, 64, 8, 4, True, False, True),  # the tile in halves
                 (256, 128, 64, 8, 3, True, True), (256, 128, 64, 16, 3, True, True), (128, 128, 64, 4, 4, True, True),
                 (128, 128, 64, 4, 3, False, False)):
             tiles = -(-m // bm) * -(-n // bn)
@@ -148,10 +149,11 @@ def sweep_configs(quick: bool) -> Table:
 
             def fn():
                 mod.matmul[grid](a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), BM=bm, BN=bn, BK=bk,
-                                 GROUP_M=8, WS=ws, num_warps=w, num_stages=s)
+                                 GROUP_M=8, WS=ws, HALVES=bool(halves), num_warps=w, num_stages=s)
                 return c
             t = timed(fn, ref, quick)
             rows.append({"dtype": str(dtype)[6:], "config": f"{bm}x{bn}x{bk} w{w} s{s}{' ws' if ws else ''}"
+                                                            f"{' halves' if halves else ''}"
                                                             f"{' persistent' if persistent else ''}",
                          "TFLOP/s": tflops(m, n, k, t)})
             print(rows[-1], flush=True)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import newtc
-from newtc import compiler, nvrtc, ops, syntax
+from newtc import compiler, ir, nvrtc, ops, syntax
 from newtc.ops import _matmul_config
 from newtc.types import Ptr, bf16, f16, f32, f64, i32, i64
 
@@ -77,9 +77,10 @@ MATMUL_INTS = "M N K stride_am stride_ak stride_bk stride_bn stride_cm stride_cn
 
 
 def matmul(kernel, label, dt, m, n, k, *expect, activation="none", transposed=False, archs=("sm_80", "sm_90a"),
-           ws=False):
+           ws=False, halves=False):
     """The specializations newtc.ops.matmul launches on contiguous tensors of these sizes (or A transposed), on
-    each arch (the ring's depth follows the arch's shared memory); with `ws`, its loop warp-specialized."""
+    each arch (the ring's depth follows the arch's shared memory); with `ws`, its loop warp-specialized; with
+    `halves`, the tile stored in column halves beside a 4-slot ring."""
     sig = {**ptrs(dt, "a", "b", "c"), **({"bias": Ptr(dt)} if kernel == "matmul_bias" else {}),
            **{name: i32 for name in MATMUL_INTS}}
     strides = dict(stride_am=1 if transposed else k, stride_ak=m if transposed else 1, stride_bk=n, stride_bn=1,
@@ -89,8 +90,10 @@ def matmul(kernel, label, dt, m, n, k, *expect, activation="none", transposed=Fa
     out = []
     for arch in archs:
         cfg = _matmul_config(m, n, k, dt.itemsize, arch, ws=ws)
-        nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
-        s = spec("matmul", kernel, f"{label}-{arch}", sig, {**cfg, "GROUP_M": 8, "ACTIVATION": activation, "WS": ws}, nw,
+        nw, ns = cfg.pop("num_warps"), 4 if halves else cfg.pop("num_stages")
+        cfg.pop("num_stages", None)
+        consts = {**cfg, "GROUP_M": 8, "ACTIVATION": activation, "WS": ws, **({"HALVES": True} if halves else {})}
+        s = spec("matmul", kernel, f"{label}-{arch}", sig, consts, nw,
                  *expect, aligned=aligned, num_stages=ns, ones=[x for x, v in values.items() if v == 1],
                  positive=[x for x, v in values.items() if v > 0])
         out.append(dataclasses.replace(s, archs=(arch,)))
@@ -246,6 +249,9 @@ SPECS = [
     *matmul("matmul", "f32-tf32", f32, 1024, 1024, 1024, "HMMA", "sm_80:LDGSTS", "sm_90a:UTMALDG"),
     *matmul("matmul_bias", "f16-gelu", f16, 4096, 4096, 4096, *TMA, activation="gelu"),
     *matmul("matmul", "f16-4096-ws", f16, 4096, 4096, 4096, *TMA, "sm_90a:USETMAXREG", ws=True),  # a producer warpgroup
+    # and its tile stored in column halves, so that 4 slots fit beside the staging (226 KB; the whole tile: 257)
+    *matmul("matmul", "f16-4096-ws-halves", f16, 4096, 4096, 4096, *TMA, "sm_90a:USETMAXREG", ws=True, halves=True,
+            archs=("sm_90a",)),
     *matmul_tma("f16-4096", f16, 4096, 4096, 4096),
     # P stays in the registers S was computed in: mma.sync's A on sm_80, wgmma's on sm_90a (test_attention_p_...)
     attention("f16-d128", f16, 128, False, 128, 64, 8, 2, *MMA),
@@ -330,6 +336,16 @@ def test_stdlib_sass(s, arch):
     wanted = [p.split(":")[-1] for p in s.expect if ":" not in p or p.startswith(arch + ":")]  # "sm_90a:HGMMA"
     missing = sorted(p for p in wanted if not has(ops, p))
     assert not missing, f"{s.id} on {arch} lacks {missing}; has {sorted(ops)}"
+
+
+def test_matmul_halves_are_register_selections():
+    """A tile stored in column halves (HALVES) splits wgmma's accumulator without moving it: the transposed view it
+    splits is the accumulator's registers permuted, so shared memory stages one half at a time, never the tile."""
+    s = next(s for s in SPECS if s.label == "f16-4096-ws-halves-sm_90a")
+    module, _ = stdlib_module(s.file)
+    k = compiler.compile(module, s.kernel, s.compiler("sm_90a"), until="ir").kernel
+    shapes = [op.result.type.shape for op in ir.walk(k.body) if op.kind == "alloc"]
+    assert (128, 128) in shapes and not any(len(x) == 3 or x == (128, 256) for x in shapes), shapes
 
 
 def by_id(ident: str) -> Spec:

@@ -377,13 +377,15 @@ def test_the_launcher_encodes_each_tensor_map_from_the_arguments(monkeypatch):
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("tile", [(256, 128, 64, 16, 3), (128, 256, 64, 8, 3), (64, 64, 64, 4, 6)], ids=str)
+@pytest.mark.parametrize("tile", [(256, 128, 64, 16, 3), (128, 256, 64, 8, 3), (64, 64, 64, 4, 6),
+                                  (128, 256, 64, 8, 4, True)], ids=str)
 def test_warp_specialized_matmul_on_every_trip_count(device, tile):
     """The warp-specialized pointer matmul (16, 8 and 4 consumer warps: the consumers grow, grow less, keep their
     registers) against torch, NaN past every edge, on K of 0 (no loop), 40 and 100 (fewer iterations than slots),
     stages * BK (exactly the ring), 1000 (the producer laps the ring) and ragged M and N; with a program per tile and
-    with 2 programs walking all the tiles (the ring's slots and phases go on from tile to tile)."""
-    bm, bn, bk, warps, stages = tile
+    with 2 programs walking all the tiles (the ring's slots and phases go on from tile to tile). The 4-slot
+    128x256 ring fits beside the output only when the tile is stored in column halves (HALVES)."""
+    bm, bn, bk, warps, stages, *halves = tile
     shapes = [(40, 72, 56), (130, 72, 56)] if device == "cpu" else \
         [(m, n, k) for m, n in ((300, 264), (bm, bn)) for k in (0, 40, 100, stages * bk, 1000)]
     kernel = ops._stdlib("matmul").matmul
@@ -392,7 +394,8 @@ def test_warp_specialized_matmul_on_every_trip_count(device, tile):
             a, b = padded(m, k, torch.float16, device), padded(k, n, torch.float16, device)
             c = padded(m, n, torch.float16, device).fill_(math.nan)
             args = (a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride())
-            meta = dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, WS=True, num_warps=warps, num_stages=stages)
+            meta = dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, WS=True, HALVES=bool(halves), num_warps=warps,
+                        num_stages=stages)
             kernel[(grid,)](*args, **meta)
             ref = a.double() @ b.double()
             err = ((c.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()

@@ -181,6 +181,15 @@ class Plan:
         """The layout a block is read in: its own, or the default for a free value (or one not traced yet)."""
         return (None if self.free(v) else v.layout) or self.default(v.type)
 
+    def viewed(self, x: ir.Value) -> Layout:
+        """The layout a block is read in where a transpose of an anchored block costs nothing: its operand's
+        registers, permuted (else `of`)."""
+        d = self.defs.get(id(x))
+        if self.free(x) and d.kind == "trans" and not self.free(d.args[0]):
+            perm = d.attrs["perm"]
+            return remap(self.of(d.args[0]), x.type.shape, lambda c: tuple(c[p] for p in perm))
+        return self.of(x)
+
     def inner(self, x: ir.Value) -> int:
         """The dim along which x is consecutive where it is held: a transpose's from its operand's, so that one
         shared tile of the operand serves both the block and its transpose."""
@@ -314,7 +323,7 @@ def plan_scan(plan: Plan, op: ir.Op) -> None:
 
 def plan_split(plan: Plan, op: ir.Op) -> None:
     """Read with the minor dim of 2 in a register, so that each half is a selection of registers."""
-    lay, last = plan.of(op.args[0]), len(op.args[0].type.shape) - 1
+    lay, last = plan.viewed(op.args[0]), len(op.args[0].type.shape) - 1
     lay = lay if 1 in lay.reg else pair(slice_layout(lay, last))
     for r in op.results:
         r.layout = slice_layout(lay, last)
