@@ -7,6 +7,8 @@ Pipelined matmuls (cp.async rings, ldmatrix), a transposed operand, the epilogue
 row kernels, the transpose, an atomic histogram; TMA copies into an mbarrier ring, and a warp-specialized one; attention forward and backward; scans, a sort and a histogram
 across warps; a spin lock on a scalar atomic in a `while` loop; block pointers; fp8 conversions. Without a GPU it
 runs the same kernels through the interpreter (a check that the script itself is right)."""
+import itertools
+
 import torch
 
 import common  # noqa: F401 - puts the checkout on sys.path
@@ -24,11 +26,13 @@ def main() -> None:
         a, b, c = torch.randn(m, k, device=d).half(), torch.randn(k, n, device=d).half(), torch.empty(m, n, device=d).half()
         ops._stdlib("matmul").matmul_tma[(-(-m // 64) * -(-n // 64),)](a, b, c, m, n, k, k, n, n, BM=64, BN=64, BK=32,
                                                                        GROUP_M=8, num_warps=4, num_stages=3)
-    # warp-specialized: the producer's empty-barrier waits, and none; a program per tile, and 2 walking 9 tiles
-    for m, n, k, grid in ((300, 264, 136, 9), (300, 264, 136, 2), (100, 72, 40, 1)):
+    # warp-specialized: the producer's empty-barrier waits, and none; a program per tile, and 2 walking 9 tiles; the
+    # tile stored whole and in halves
+    for (m, n, k, grid), halves in itertools.product(((300, 264, 136, 9), (300, 264, 136, 2), (100, 72, 40, 1)),
+                                                     (False, True)):
         a, b, c = torch.randn(m, k, device=d).half(), torch.randn(k, n, device=d).half(), torch.empty(m, n, device=d).half()
         ops._stdlib("matmul").matmul[(grid,)](a, b, c, m, n, k, k, 1, n, 1, n, 1, BM=128, BN=128, BK=32, GROUP_M=8,
-                                              WS=True, num_warps=8, num_stages=3)
+                                              WS=True, HALVES=halves, num_warps=8, num_stages=3)
     a, b = torch.randn(90, 100, device=d).half().t(), torch.randn(90, 70, device=d).half()
     ops.matmul(a, b, torch.randn(70, device=d).half(), "gelu")
     x = torch.randn(33, 3000, device=d)
