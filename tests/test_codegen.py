@@ -249,7 +249,7 @@ SPECS = [
     *matmul("matmul", "f32-tf32", f32, 1024, 1024, 1024, "HMMA", "sm_80:LDGSTS", "sm_90a:UTMALDG"),
     *matmul("matmul_bias", "f16-gelu", f16, 4096, 4096, 4096, *TMA, activation="gelu"),
     *matmul("matmul", "f16-4096-ws", f16, 4096, 4096, 4096, *TMA, "sm_90a:USETMAXREG", ws=True),  # a producer warpgroup
-    # and its tile stored in column halves, so that 4 slots fit beside the staging (226 KB; the whole tile: 257)
+    # and its tile stored in column halves, so that 4 slots fit beside the staging (225 KB; the whole tile: 257)
     *matmul("matmul", "f16-4096-ws-halves", f16, 4096, 4096, 4096, *TMA, "sm_90a:USETMAXREG", ws=True, halves=True,
             archs=("sm_90a",)),
     *matmul_tma("f16-4096", f16, 4096, 4096, 4096),
