@@ -210,11 +210,6 @@ def neighbours(p, candidates: list, rows: int, covered: int, size: int) -> list:
 
     from newtc import ops
 
-    def fits(q) -> bool:  # 1-32 warps (loops: 4 up); a whole-row tile that gives every thread a vector, and at most
-        tile = q.rows * (q.block + q.tail) * size  # THREAD_BYTES
-        return (1 if q.kind == "rows" else 4) <= q.warps <= 32 and (q.kind != "rows" or (
-            1 <= q.rows <= ops._pow2(rows) and min(ops.VECTOR, tile // 32) <= tile // (32 * q.warps) <= ops.THREAD_BYTES
-            and (not q.tail or q.rows * q.tail * size >= 32 * q.warps * ops.VECTOR)))
     def warped(w: int):  # p on w warps: a loop keeps its elements per thread, a split's chunks stay whole blocks
         if p.kind == "rows":
             return replace(p, warps=w)
@@ -233,7 +228,18 @@ def neighbours(p, candidates: list, rows: int, covered: int, size: int) -> list:
     kinds = {}
     for c in sorted(candidates, key=lambda c: c.seconds):
         kinds.setdefault(c.kind, c)
-    return [q for q in near if fits(q)] + [c for kind, c in kinds.items() if kind != p.kind]
+    return [q for q in near if fits(q, rows, size)] + [c for kind, c in kinds.items() if kind != p.kind]
+
+
+def fits(q, rows: int, size: int) -> bool:
+    """Whether the row kernels take plan q for `rows` rows of `size`-byte elements: 1-32 warps (loops: 4 up); a
+    whole-row tile of at most a power of two over the rows, that gives every thread a vector and at most
+    THREAD_BYTES, and a tail that gives every thread a vector too."""
+    from newtc import ops
+    tile = q.rows * (q.block + q.tail) * size
+    return (1 if q.kind == "rows" else 4) <= q.warps <= 32 and (q.kind != "rows" or (
+        1 <= q.rows <= ops._pow2(rows) and min(ops.VECTOR, tile // 32) <= tile // (32 * q.warps) <= ops.THREAD_BYTES
+        and (not q.tail or q.rows * q.tail * size >= 32 * q.warps * ops.VECTOR)))
 
 
 def model_plan(op: str, x) -> str:

@@ -29,26 +29,22 @@ POINTS = ["layernorm:f32:1x5120", "softmax:f16:128x128", "softmax:f32:1x32768", 
 def alternatives(ops, op: str, m: int, n: int, s: int) -> list:
     """(name, plan): the model's plan first, then forced ones (those the kernels cannot take fail when run)."""
     model = ops.plan(op, m, n, s, False, ops.gpu(0), True)
-    out = [(f"model {bs.plan_name(model)}", model)]
+    plans = []
     if model.kind == "rows":
         grouped = sorted({1, model.rows, max(1, ops.PROGRAM_BYTES // (n * s))})
         for (block, tail), rows in itertools.product(ops._covers(n), grouped):
-            for warps in (1, 2, 4, 8, 16, 32):
-                tile = rows * (block + tail) * s
-                if rows <= ops._pow2(m) and min(16, tile // 32) <= tile // (32 * warps) <= ops.THREAD_BYTES and \
-                        (not tail or rows * tail * s >= 32 * warps * 16):
-                    out.append((f"rows b{block}+{tail} r{rows} w{warps}", ops.Plan("rows", block, warps, rows=rows,
-                                                                                    tail=tail)))
+            plans += [q for w in (1, 2, 4, 8, 16, 32)
+                      if bs.fits(q := ops.Plan("rows", block, w, rows=rows, tail=tail), m, s)]
     for warps in (4, 8, 16, 32):
         for elems in (8, 16):  # per thread in each block of the loop
-            out.append((f"looped w{warps} e{elems}", ops.Plan("looped", elems * 32 * warps, warps)))
+            plans.append(ops.Plan("looped", elems * 32 * warps, warps))
     for warps in (4, 8, 16) if m <= 1024 else ():
         block = ops.LOOP_ELEMS * 32 * warps
         for parts in (2, 4, 8, 32):
             chunk = ops._cdiv(ops._cdiv(n, parts), block) * block
             if ops._cdiv(n, chunk) >= 2:
-                out.append((f"split w{warps} p{ops._cdiv(n, chunk)}",
-                            ops.Plan("split", block, warps, parts=ops._cdiv(n, chunk), chunk=chunk)))
+                plans.append(ops.Plan("split", block, warps, parts=ops._cdiv(n, chunk), chunk=chunk))
+    out = [(f"model {bs.plan_name(model)}", model)] + [(bs.plan_name(p), p) for p in plans]
     return list(dict(out).items())  # one of each name
 
 

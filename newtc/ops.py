@@ -138,7 +138,8 @@ def seconds(g: Gpu, programs: int, per_sm: int, in_flight: int, dram: float, l2:
     each step) unless another program on it is loading meanwhile: programs that start apart, as in a launch of several
     waves, do; a lone program per SM has none; the programs of a launch that fits in one wave start at once
     and run the same steps, so they wait together."""
-    together = programs <= g.sms * per_sm
+    wave = g.sms * per_sm
+    together = programs <= wave
 
     def rate(n: int) -> float:  # bytes/s of n programs running at once
         on_sm = min(per_sm, _cdiv(n, g.sms))
@@ -147,7 +148,6 @@ def seconds(g: Gpu, programs: int, per_sm: int, in_flight: int, dram: float, l2:
         busy = 1.0 if stores else step / (step + WAIT) if together else min(1.0, on_sm * step / (step + WAIT))
         return min(n, g.sms) * busy * min(share, on_sm * in_flight / LATENCY)
 
-    wave = g.sms * per_sm
     return (dram + l2 / L2_SPEEDUP) / rate(min(programs, wave))
 
 

@@ -90,8 +90,8 @@ def matmul(kernel, label, dt, m, n, k, *expect, activation="none", transposed=Fa
     out = []
     for arch in archs:
         cfg = _matmul_config(m, n, k, dt.itemsize, arch, ws=ws)
-        nw, ns = cfg.pop("num_warps"), 4 if halves else cfg.pop("num_stages")
-        cfg.pop("num_stages", None)
+        nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
+        ns = 4 if halves else ns  # half a tile of staging leaves room for a fourth slot
         consts = {**cfg, "GROUP_M": 8, "ACTIVATION": activation, "WS": ws, **({"HALVES": True} if halves else {})}
         s = spec("matmul", kernel, f"{label}-{arch}", sig, consts, nw,
                  *expect, aligned=aligned, num_stages=ns, ones=[x for x, v in values.items() if v == 1],
