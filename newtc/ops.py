@@ -76,9 +76,9 @@ LONE_THREADS = 2  # threads of a lone whole-row program per sqrt(byte) of its bl
 LOOP_ELEMS = 16  # elements per thread in each block of a loop
 MAX_ROW = {"softmax": 32768, "cross_entropy": 32768, "norm": 16384}  # widest row block kept in registers: 32
 # values per thread at 1024 threads, the most without spills (NVRTC for sm_80/sm_90a: the norm spills at 32768)
-LONE_BYTES = 65536  # the largest block of a lone whole-row program that writes its row back: one SM streams it in and
-# out, where a split or a loop spreads it (H200: softmax f32 of 32768, 1-8 rows 1.5-1.7x slower whole than split, 128
-# rows 1.08x slower than looped; cross-entropy, which only reads, not measured so: it keeps whole rows)
+LONE_BYTES = 65536  # the largest block of a lone whole-row program: one SM streams it in (and out), where a split or a
+# loop spreads it (H200, in graphs of launches: f32 rows of 32768, 1-8 rows 1.5-1.7x slower whole than split for softmax,
+# 1.14-1.40x for cross-entropy, which only reads; 128 rows 1.08-1.09x slower than looped)
 MAX_PARTS = 1024  # chunks per row in a split plan
 TOLERANCE = 1.03  # a preferred candidate within 3% of the fastest wins: the model ranks, it does not measure
 TRAFFIC = {"softmax": 2, "norm": 2, "cross_entropy": 1}  # row passes to DRAM at best: read + write, or read
@@ -174,7 +174,7 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
     least at sqrt(a / b * bytes) threads. A norm's threads also load the weight (and bias) after the reduction,
     a second dependent step that more threads shorten: there each thread holds NORM_LONE bytes, up to 16 warps
     (measured on an H200 in graphs of launches: layer norm f32 1 x 4096 2.21 us at 16 warps, 2.50 at 32; 8 x 16384
-    5.01 at 16, 6.54 at 32). A lone block over LONE_BYTES that is written back is left to loops and splits."""
+    5.01 at 16, 6.54 at 32). A lone block over LONE_BYTES is left to loops and splits."""
     preferred = max(1, min(PROGRAM_BYTES // (n_cols * itemsize), n_rows // g.sms))
     covers = _covers(n_cols + lead)
     tail_first = n_rows > g.sms and (op == "norm" or itemsize < 4)
@@ -186,7 +186,7 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
         for rows in sorted(options, key=lambda r: (abs(math.log2(r / preferred)), r)):
             tile = rows * width * itemsize
             lone = _cdiv(n_rows, rows) <= g.sms
-            if lone and tile > LONE_BYTES and TRAFFIC[op] > 1:
+            if lone and tile > LONE_BYTES:
                 continue
             best = min(tile / NORM_LONE, 16 * 32) if op == "norm" else LONE_THREADS * math.sqrt(tile)
             order = sorted((32, 16, 8, 4, 2, 1), key=lambda w: abs(math.log2(32 * w / best))) if lone else \

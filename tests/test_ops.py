@@ -270,6 +270,9 @@ def test_plan_shapes_the_launch_to_the_input():
     one = ops.plan("softmax", 1, 262144, 4, False, g)
     assert one.kind == "split" and one.parts >= 64
     assert ops.plan("softmax", 4096, 65536, 2, False, g).kind == "looped"
+    # nor does a lone block of 128 KB stay on one SM, even where the op only reads it
+    assert {ops.plan(op, rows, 32768, 4, False, g).kind for op in ("softmax", "cross_entropy") for rows in (1, 8, 128)} \
+        <= {"looped", "split"}
     # short rows are grouped; rows that fit in registers stay there
     assert ops.plan("norm", 32768, 64, 4, False, g).rows >= 8
     assert ops.plan("softmax", 8192, 4096, 4, False, g).kind == "rows"
