@@ -4,12 +4,14 @@ TFLOP/s.
 
     python bench/bench_matmul.py [--quick] [--sweep]
 
---sweep also times newt's kernel over a grid of tile configurations on 4096^3 (to tune ops._matmul_config):
+--sweep also times newt's kernel over a grid of tile configurations on 4096^3 and, without --quick, on the LLM shape
+16384x4096x4096 (to tune ops._matmul_config):
 warp-specialized (ws) or not, a program per tile or persistent (a program per SM walking the tiles).
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 import common
@@ -123,19 +125,19 @@ def run(quick: bool, sweep: bool = False):
             print(rows[-1], flush=True)
     yield Table("matmul (TFLOP/s; ratios are speed: above 1, newt is faster)", rows)
     if sweep:
-        yield sweep_configs(quick)
+        yield sweep_configs(quick, SHAPES[:1] if quick else [SHAPES[0], SHAPES[2]])
 
 
-def sweep_configs(quick: bool) -> Table:
-    """newt's kernel over tile configurations, f16 and bf16 4096^3: what ops._matmul_config should pick."""
+def sweep_configs(quick: bool, shapes: list) -> Table:
+    """newt's kernel over tile configurations, f16 and bf16, on each of `shapes`: what ops._matmul_config should
+    pick."""
     import torch
     import newtc.ops as ops
-    m = n = k = 4096
     mod = ops._stdlib("matmul")
     rows = []
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for dtype in (torch.float16, torch.bfloat16):
-        a, b = (torch.randn(m, k, device="cuda", dtype=dtype) for _ in range(2))
+    for (m, n, k), dtype in itertools.product(shapes, (torch.float16, torch.bfloat16)):
+        a, b = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
         c = torch.empty(m, n, device="cuda", dtype=dtype)
         ref = a.float() @ b.float()
         for bm, bn, bk, w, s, ws, persistent, *halves in (
@@ -152,12 +154,11 @@ def sweep_configs(quick: bool) -> Table:
                                  GROUP_M=8, WS=ws, HALVES=bool(halves), num_warps=w, num_stages=s)
                 return c
             t = timed(fn, ref, quick)
-            rows.append({"dtype": str(dtype)[6:], "config": f"{bm}x{bn}x{bk} w{w} s{s}{' ws' if ws else ''}"
-                                                            f"{' halves' if halves else ''}"
-                                                            f"{' persistent' if persistent else ''}",
+            config = f"{bm}x{bn}x{bk} w{w} s{s}" + " ws" * ws + " halves" * bool(halves) + " persistent" * persistent
+            rows.append({"shape": f"{m}x{n}x{k}", "dtype": str(dtype)[6:], "config": config,
                          "TFLOP/s": tflops(m, n, k, t)})
             print(rows[-1], flush=True)
-    return Table("newt matmul configurations, 4096^3", rows)
+    return Table("newt matmul configurations", rows)
 
 
 if __name__ == "__main__":
