@@ -11,7 +11,7 @@ import math
 import sys
 
 import common
-from common import Table, Wrong, bench, check_close, failure, ratio
+from common import Table, Wrong, check_close, failure, measure_all, ratio
 
 CASES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (8, 16, 4096, 64, False)]
 
@@ -23,14 +23,6 @@ def close_grads(got, want, tol: float = 2e-2) -> None:
         err = ((x.float() - r.float()).norm() / r.float().norm()).item()
         if not err < tol:
             raise Wrong(f"{name}: relative error {err:.2g}")
-
-
-def timed(fn, check, quick: bool) -> float | str:
-    try:
-        check(fn())
-        return bench(fn, quick)
-    except Exception as e:  # one missing backend must not hide the rest
-        return failure(e)
 
 
 def run(quick: bool):
@@ -73,7 +65,7 @@ def run(quick: bool):
         label = f"B{b} H{h} L{n} D{d}" + (" causal" if causal else "")
         for rows, fns, check, work in ((fwd_rows, fwd, lambda out: check_close(out.float(), ref, 2e-2, 2e-2), flops),
                                        (bwd_rows, bwd, lambda out: close_grads(out, ref_grads), 2.5 * flops)):
-            times = {name: timed(fn, check, quick) for name, fn in fns.items()}
+            times = measure_all(fns, check, quick)
             times.setdefault("Triton", missing if tk is None else "-")
             times.setdefault("cuDNN", "-")
             row = {"case": label, **{f"{name} TFLOP/s": work / t / 1e9 if isinstance(t, float) else t

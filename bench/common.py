@@ -30,9 +30,9 @@ def cuda_available() -> bool:
 
 
 # ---- timing ----------------------------------------------------------------------------------
-def bench(fn, quick: bool = False) -> float:
-    """Median milliseconds of fn() by CUDA events, L2 flushed before each run."""
-    warmup, rep = (5, 20) if quick else (25, 200)  # milliseconds of runs, as do_bench counts them
+def bench(fn, quick: bool = False, share: float = 1.0) -> float:
+    """Median milliseconds of fn() by CUDA events, L2 flushed before each run, over `share` of the usual time."""
+    warmup, rep = (5, 20 * share) if quick else (25, 200 * share)  # milliseconds of runs, as do_bench counts them
     try:
         from triton.testing import do_bench
     except ImportError:
@@ -137,6 +137,33 @@ def measure(fn, check, quick: bool, poison=None) -> float | str:
         return bench(fn, quick)
     except Exception as e:  # one broken kernel or missing op must not hide the rest of the table
         return failure(e)
+
+
+ROUNDS = 5  # interleaved rounds of measure_all
+
+
+def measure_all(fns: dict, check, quick: bool) -> dict:
+    """measure for each of fns (name -> fn), timed in ROUNDS interleaved rounds (the order turned by one each round):
+    each one's median over the rounds. Kernels that load the GPU for seconds (matmuls, attention) lower its clocks as
+    it heats, so back to back the later ones are timed slower: on an H200 the same matmul measured 726 and 658
+    TFLOP/s a minute apart in one process. Interleaved, every one sees the same mix of clocks."""
+    times: dict = {}
+    for name, fn in fns.items():
+        try:
+            check(fn())
+            times[name] = []
+        except Exception as e:  # one broken kernel or missing op must not hide the rest of the table
+            times[name] = failure(e)
+    live = [name for name, t in times.items() if isinstance(t, list)]
+    for r in range(ROUNDS if live else 0):
+        turn = r % len(live)
+        for name in live[turn:] + live[:turn]:
+            if isinstance(times[name], list):
+                try:
+                    times[name].append(bench(fns[name], quick, share=1 / ROUNDS))
+                except Exception as e:
+                    times[name] = failure(e)
+    return {name: statistics.median(t) if isinstance(t, list) else t for name, t in times.items()}
 
 
 # ---- tables and logs -----------------------------------------------------------------------
