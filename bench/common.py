@@ -144,9 +144,9 @@ ROUNDS = 5  # interleaved rounds of measure_all
 
 def measure_all(fns: dict, check, quick: bool) -> dict:
     """measure for each of fns (name -> fn), timed in ROUNDS interleaved rounds (the order turned by one each round):
-    each one's median over the rounds. Kernels that load the GPU for seconds (matmuls, attention) lower its clocks as
-    it heats, so back to back the later ones are timed slower: on an H200 the same matmul measured 726 and 658
-    TFLOP/s a minute apart in one process. Interleaved, every one sees the same mix of clocks."""
+    each one's median over the rounds. Under kernels that load the GPU for seconds (matmuls, attention) its speed
+    drifts: on an H200 the same matmul measured 726 and 658 TFLOP/s a minute apart in one process, and timed one
+    after another the ratios moved with the order by up to 10%. Interleaved, every one sees the same drift."""
     times: dict = {}
     for name, fn in fns.items():
         try:
