@@ -324,10 +324,11 @@ class Pipeliner:
         # a wgmma that only accumulates into a carried value may run on while the next iteration starts (one group
         # in flight): the slot it reads is then overwritten two iterations later, so copies run stages - 2 ahead. Not
         # with A in registers: the next iteration would rewrite them while the tensor cores still read them
-        lagging = [u for *_, reads in found for u in reads if u.kind == "dot" and u.args[2] in body.params
-                   and isinstance(u.args[0].type.dtype, ir.Buffer)
-                   and len(readers_of(body, u.result)) == 1 and yield_op.args.index(u.result) + 1
-                   == body.params.index(u.args[2])] if s_count >= 3 else []
+        # in the loop's order, each once: a dot reads two rings
+        lagging = list({id(u): u for *_, reads in found for u in reads if u.kind == "dot" and u.args[2] in body.params
+                        and isinstance(u.args[0].type.dtype, ir.Buffer)
+                        and len(readers_of(body, u.result)) == 1 and yield_op.args.index(u.result) + 1
+                        == body.params.index(u.args[2])}.values()) if s_count >= 3 else []
         before: list[ir.Op] = []
         runs = self.scalar(before, "gt" if down else "lt", [lo, hi], bool_, span)  # (unread unless a start is checked)
         plans = [self.tma(store, load, inside, before, runs) for store, load, _ in found]  # TMA where it applies
