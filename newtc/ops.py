@@ -64,7 +64,9 @@ SM_BANDWIDTH = 36e9  # bytes/s: an SM's share of DRAM bandwidth (4.8 TB/s over 1
 SM_PEAK = 100e9  # bytes/s: what one SM can take while most are idle (64 bytes per clock from L2)
 L2_SPEEDUP = 2.0  # a read that hits L2 costs half of one from DRAM (L2 bandwidth is 2-3x DRAM's)
 L2_SHARE = 0.5  # the part of L2 that a second pass over recently read rows can count on (writes take the rest)
-LAUNCH = 2e-6  # seconds: what a dependent second kernel adds (launch gap, ramp up and down)
+LAUNCH = 1.2e-6  # seconds: what a dependent second kernel adds (launch gap, ramp up and down): in graphs of launches
+# on an H200 a whole launch of one short program takes 1.0-1.5 us (softmax 1x64: 1.04 us, f16 1x1024: 1.45); at 2 us,
+# lone cross-entropy rows of 32768 f32 stayed looped, 1.15-1.40x slower than split
 THREAD_BYTES = 128  # the most of a row block one thread holds: 8 16-byte vectors (32 f32 or 64 f16 values);
 # measured on an H200 the best up to rows of 16 KB (f32 softmax at 4096 and 16384, f16 layer norm at 8192)
 VECTOR = 16  # bytes a thread loads at once
