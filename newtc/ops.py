@@ -71,7 +71,11 @@ THREAD_BYTES = 128  # the most of a row block one thread holds: 8 16-byte vector
 # measured on an H200 the best up to rows of 16 KB (f32 softmax at 4096 and 16384, f16 layer norm at 8192)
 VECTOR = 16  # bytes a thread loads at once
 NORM_LONE = 32  # bytes per thread of a lone norm program, up to 16 warps (`_whole_rows`)
-MIN_WARPS = 4  # whole-row programs: fewer warps only for blocks too small to give 4 warps a vector each
+MIN_WARPS = 4  # whole-row programs: fewer warps only for blocks too small to give 4 warps a vector each, or streaming:
+STREAM_WAVES = 4  # a launch of more programs than this many waves streams rows through its SMs, where 2 warps that hold
+# up to 64 bytes a thread move a tile as fast as 4 and fit twice the rows per SM (H200, in graphs of launches, 32768 rows
+# of 512-1024: cross-entropy 0.89-0.98 -> 1.00-1.02 of the best other, 16-bit rows of 512 1.00-1.05 -> 1.06-1.67; the
+# other plans it moves within 3%)
 PROGRAM_BYTES = 2048  # short rows are grouped until a program moves this much (f16 rows of 1024 by two)
 LONE_THREADS = 2  # threads of a lone whole-row program per sqrt(byte) of its block (measured on an H200: 16 KB blocks
 # of softmax and cross-entropy 0.3-0.8 us faster at 8 warps than at 32, a 64 KB one at 16, 512 bytes at 1; norms differ)
@@ -195,11 +199,12 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
                 (1, 2, 4, 8, 16, 32)
             for warps in order:
                 per_thread = tile // (32 * warps)
-                too_few = warps < MIN_WARPS and tile >= MIN_WARPS * 512
+                per_sm = resident(g, warps, registers(rows * width // (32 * warps)))
+                streaming = _cdiv(n_rows, rows) > STREAM_WAVES * g.sms * per_sm and tile <= 2 * 32 * 64
+                too_few = warps < (2 if streaming else MIN_WARPS) and tile >= MIN_WARPS * 512
                 if per_thread > THREAD_BYTES or per_thread < min(VECTOR, tile // 32) or too_few or \
                         tail and rows * tail * itemsize < 32 * warps * VECTOR:  # a tail gives every thread a vector
                     continue
-                per_sm = resident(g, warps, registers(rows * width // (32 * warps)))
                 if per_sm:
                     row_bytes = n_cols * itemsize
                     yield Plan("rows", block, warps, rows=rows, tail=tail, seconds=seconds(

@@ -289,6 +289,9 @@ def test_plan_shapes_the_launch_to_the_input():
     assert (spread.rows, ops.plan("softmax", 4096, 128, 2, False, g).rows) == (1, 8)
     assert [ops.plan("softmax", 1, n, 4, False, g).warps for n in (128, 1024, 5120, 16384)] == [1, 4, 16, 16]
     assert [ops.plan("norm", 1, n, 4, False, g).warps for n in (128, 1024, 4096, 5120, 16384)] == [1, 4, 16, 16, 16]
+    # a launch of many waves streams its rows: 2 warps hold a tile of up to 4 KB (64 bytes a thread); one wave keeps 4
+    assert [ops.plan("cross_entropy", rows, 1024, 2, False, g).warps for rows in (32768, 4096)] == [2, 4]
+    assert ops.plan("softmax", 32768, 4096, 2, False, g).warps == 4
     # fewer SMs: a smaller GPU needs fewer chunks to fill
     small = ops.plan("cross_entropy", 8, 128256, 2, False, Gpu(sms=16))
     assert small.parts < ops.plan("cross_entropy", 8, 128256, 2, False, g).parts
