@@ -1,6 +1,7 @@
 """Times each flash-attention kernel of stdlib/attention.nk alone over block sizes, warps and stages: how
 `newtc.ops._attention_blocks` was chosen (bench/RESULTS.md). f16, newt only; prints the six fastest configs per
-kernel and case beside the one ops picks. Kernels compile in parallel threads first, then run one at a time.
+kernel and case beside the one ops picks. Kernels compile in parallel threads first, then run one at a time,
+interleaved in rounds (`common.measure_all`).
 
     python bench/attention_blocks.py [fwd,dq,dkdv] [causal|full]
 """
@@ -10,6 +11,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import common
+
 CASES = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (8, 16, 4096, 64, False)]
 SMEM = 220000  # bytes: configs whose tiles clearly overflow shared memory are not tried
 
@@ -17,8 +20,6 @@ SMEM = 220000  # bytes: configs whose tiles clearly overflow shared memory are n
 def run(kinds, only: str | None = None):
     import torch
     from newtc import driver, ops
-    from newtc.timing import time_ms
-    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     mod, arch, strides = ops._stdlib("attention"), driver.arch(0), ops._strides
     for b, h, n, d, causal in CASES:
         if only is not None and causal != (only == "causal"):
@@ -63,11 +64,11 @@ def run(kinds, only: str | None = None):
                 ok = list(pool.map(compile_one, configs))
             print(f"# {kind} B{b} H{h} L{n} D{d}{' causal' if causal else ''}: {sum(ok)} of {len(configs)} configs "
                   f"compiled in {time.time() - begin:.0f} s", flush=True)
-            results = []
-            for c in (c for c, good in zip(configs, ok) if good):
-                kernel, grid, args, meta, work = launch(kind, c)
-                ms = time_ms(lambda: kernel[grid](*args, **meta), flush, 10)
-                results.append((work / ms / 1e9, c))
+            good = [c for c, compiled in zip(configs, ok) if compiled]
+            runs = [launch(kind, c) for c in good]
+            times = common.measure_all({i: lambda r=r: r[0][r[1]](*r[2], **r[3]) for i, r in enumerate(runs)},
+                                       lambda out: None, quick=True)
+            results = [(runs[i][4] / ms / 1e9, good[i]) for i, ms in times.items() if isinstance(ms, float)]
             results.sort(key=lambda r: -r[0])
             for tf, c in results[:6] + [r for r in results if r[1] == base]:
                 print(f"  {tf:6.1f} TFLOP/s  {'(ops) ' if c == base else ''}{c}", flush=True)
