@@ -66,8 +66,9 @@ def run(kinds, only: str | None = None):
                   f"compiled in {time.time() - begin:.0f} s", flush=True)
             good = [c for c, compiled in zip(configs, ok) if compiled]
             runs = [launch(kind, c) for c in good]
-            times = common.measure_all({i: lambda r=r: r[0][r[1]](*r[2], **r[3]) for i, r in enumerate(runs)},
-                                       lambda out: None, quick=True)
+            fns = {i: lambda k=k, grid=grid, args=args, meta=meta: k[grid](*args, **meta)
+                   for i, (k, grid, args, meta, _) in enumerate(runs)}
+            times = common.measure_all(fns, lambda out: None, quick=True)
             results = [(runs[i][4] / ms / 1e9, good[i]) for i, ms in times.items() if isinstance(ms, float)]
             results.sort(key=lambda r: -r[0])
             for tf, c in results[:6] + [r for r in results if r[1] == base]:

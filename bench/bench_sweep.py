@@ -161,14 +161,13 @@ def timed(impls: dict, args, ref, tol: float, quick: bool) -> dict:
     ms = [check(f, args, ref, tol) or math.inf for f in fns]
     ok = [i for i, t in enumerate(ms) if t == math.inf]
     copies = argsets(args)
-    for r in range(rounds):
-        for i in (ok[(r + j) % len(ok)] for j in range(len(ok))):
-            if isinstance(ms[i], float):  # not failed in an earlier round
-                try:
-                    ms[i] = min(ms[i], common.graph_bench(fns[i], copies) if copies else
-                                do_bench(lambda: fns[i](*args), warmup=warmup, rep=rep, return_mode="median"))
-                except Exception as e:
-                    ms[i] = failure(e)
+    for i in common.interleaved(ok, rounds):
+        if isinstance(ms[i], float):  # not failed in an earlier round
+            try:
+                ms[i] = min(ms[i], common.graph_bench(fns[i], copies) if copies else
+                            do_bench(lambda: fns[i](*args), warmup=warmup, rep=rep, return_mode="median"))
+            except Exception as e:
+                ms[i] = failure(e)
     times = iter(ms)
     return {name: fs if isinstance(fs, str) else best([next(times) for _ in fs]) for name, fs in impls.items()}
 

@@ -154,16 +154,20 @@ def measure_all(fns: dict, check, quick: bool) -> dict:
             times[name] = []
         except Exception as e:  # one broken kernel or missing op must not hide the rest of the table
             times[name] = failure(e)
-    live = [name for name, t in times.items() if isinstance(t, list)]
-    for r in range(ROUNDS if live else 0):
-        turn = r % len(live)
-        for name in live[turn:] + live[:turn]:
-            if isinstance(times[name], list):
-                try:
-                    times[name].append(bench(fns[name], quick, share=1 / ROUNDS))
-                except Exception as e:
-                    times[name] = failure(e)
+    for name in interleaved([name for name, t in times.items() if isinstance(t, list)], ROUNDS):
+        if isinstance(times[name], list):  # not failed in an earlier round
+            try:
+                times[name].append(bench(fns[name], quick, share=1 / ROUNDS))
+            except Exception as e:
+                times[name] = failure(e)
     return {name: statistics.median(t) if isinstance(t, list) else t for name, t in times.items()}
+
+
+def interleaved(items: list, rounds: int):
+    """items in `rounds` rounds, each round's order turned by one from the last: none is always timed first."""
+    for r in range(rounds if items else 0):
+        turn = r % len(items)
+        yield from items[turn:] + items[:turn]
 
 
 # ---- tables and logs -----------------------------------------------------------------------

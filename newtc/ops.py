@@ -190,8 +190,8 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
             continue
         options = [1 << k for k in range(_pow2(group).bit_length()) if (1 << k) * width <= max(width, 16384)]
         for rows in sorted(options, key=lambda r: (abs(math.log2(r / preferred)), r)):
-            tile = rows * width * itemsize
-            lone = _cdiv(n_rows, rows) <= g.sms
+            tile, programs = rows * width * itemsize, _cdiv(n_rows, rows)
+            lone = programs <= g.sms
             if lone and tile > LONE_BYTES:
                 continue
             best = min(tile / NORM_LONE, 16 * 32) if op == "norm" else LONE_THREADS * math.sqrt(tile)
@@ -200,7 +200,7 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
             for warps in order:
                 per_thread = tile // (32 * warps)
                 per_sm = resident(g, warps, registers(rows * width // (32 * warps)))
-                streaming = _cdiv(n_rows, rows) > STREAM_WAVES * g.sms * per_sm and tile <= 2 * 32 * 64
+                streaming = programs > STREAM_WAVES * g.sms * per_sm and tile <= 2 * 32 * 64
                 too_few = warps < (2 if streaming else MIN_WARPS) and tile >= MIN_WARPS * 512
                 if per_thread > THREAD_BYTES or per_thread < min(VECTOR, tile // 32) or too_few or \
                         tail and rows * tail * itemsize < 32 * warps * VECTOR:  # a tail gives every thread a vector
@@ -208,7 +208,7 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
                 if per_sm:
                     row_bytes = n_cols * itemsize
                     yield Plan("rows", block, warps, rows=rows, tail=tail, seconds=seconds(
-                        g, _cdiv(n_rows, rows), per_sm, min(rows, n_rows) * row_bytes, TRAFFIC[op] * n_rows * row_bytes,
+                        g, programs, per_sm, min(rows, n_rows) * row_bytes, TRAFFIC[op] * n_rows * row_bytes,
                         stores=op != "cross_entropy"))
 
 
