@@ -26,13 +26,13 @@ def main() -> None:
         a, b, c = torch.randn(m, k, device=d).half(), torch.randn(k, n, device=d).half(), torch.empty(m, n, device=d).half()
         ops._stdlib("matmul").matmul_tma[(-(-m // 64) * -(-n // 64),)](a, b, c, m, n, k, k, n, n, BM=64, BN=64, BK=32,
                                                                        GROUP_M=8, num_warps=4, num_stages=3)
-    # warp-specialized: the producer's empty-barrier waits, and none; a program per tile, and 2 walking 9 tiles; the
-    # tile stored whole and in halves
-    for (m, n, k, grid), halves in itertools.product(((300, 264, 136, 9), (300, 264, 136, 2), (100, 72, 40, 1)),
-                                                     (False, True)):
+    # warp-specialized or not: the producer's empty-barrier waits, and none; a program per tile, and 2 walking 9 tiles
+    # (without WS the next tile's ring reuses the bytes that staged this tile's output); the tile whole and in halves
+    for (m, n, k, grid), halves, ws in itertools.product(((300, 264, 136, 9), (300, 264, 136, 2), (100, 72, 40, 1)),
+                                                         (False, True), (False, True)):
         a, b, c = torch.randn(m, k, device=d).half(), torch.randn(k, n, device=d).half(), torch.empty(m, n, device=d).half()
         ops._stdlib("matmul").matmul[(grid,)](a, b, c, m, n, k, k, 1, n, 1, n, 1, BM=128, BN=128, BK=32, GROUP_M=8,
-                                              WS=True, HALVES=halves, num_warps=8, num_stages=3)
+                                              WS=ws, HALVES=halves, num_warps=8, num_stages=3)
     a, b = torch.randn(90, 100, device=d).half().t(), torch.randn(90, 70, device=d).half()
     ops.matmul(a, b, torch.randn(70, device=d).half(), "gelu")
     x = torch.randn(33, 3000, device=d)

@@ -418,7 +418,9 @@ class Pipeliner:
         head: list[ir.Op] = [ir.Op("async_wait", [], [], {"pending": ahead_by - 1}, span)] if cp_async else []
         if bars is not None:
             head.append(ir.Op("mbar_wait", [bars, r_slot, phase], [], {}, span))
-        if any(u.kind in ("dot", "trans") for *_, reads in found for u in reads):  # tensor cores: the async proxy
+        # cp.async writes through the generic proxy, the tensor cores read through the async one: a proxy fence.
+        # TMA writes through the async proxy, ordered for wgmma by the mbarrier alone (CUTLASS's mainloop has none)
+        if cp_async and any(u.kind in ("dot", "trans") for *_, reads in found for u in reads):
             head.append(ir.Op("fence_async", [], [], {}, span))
         if not ws:
             head.append(ir.Op("barrier", [], [], {}, span))

@@ -89,13 +89,16 @@ def plan_smem(k: ir.Kernel) -> ir.Kernel:
 
 
 def _effects(op: ir.Op) -> list:
-    """The shared-memory accesses of an op, in order: ('r' | 'w', buffer), or ('sync',) for a barrier."""
+    """The shared-memory accesses of an op, in order: ('r' | 'w', buffer), 'ra' | 'wa' through the async proxy (the
+    tensor cores, TMA), ('sync',) for a barrier, ('fence',) for a proxy fence."""
     kind = op.kind
     if kind in ("local_store", "async_copy"):
         return [("w", op.args[0])]
     if kind == "local_load":
         return [("r", op.args[0])]
-    if kind in ("tma_load", "mbar_expect"):  # the copy writes its slot; the arrival, the slot's barrier
+    if kind == "tma_load":  # the copy writes its slot through the async proxy
+        return [("wa", op.args[0])]
+    if kind == "mbar_expect":  # the arrival writes the slot's barrier
         return [("w", op.args[0])]
     if kind == "mbar_wait":
         return [("r", op.args[0])]
@@ -105,6 +108,8 @@ def _effects(op: ir.Op) -> list:
         return [("sync",), ("w", op.args[0])]
     if kind == "barrier":
         return [("sync",)]
+    if kind == "fence_async":
+        return [("fence",)]
     if kind == "trans":  # a view of a buffer: its readers access it
         return []
     if kind == "dot" and "wgmma" in op.attrs:  # the tensor cores read B, and A unless it is in registers
@@ -118,7 +123,7 @@ def _effects(op: ir.Op) -> list:
 def _access(kind: str, buf: ir.Value, defs: dict) -> tuple:
     op = ir.root_buffer(buf, defs)  # a slot counts as its whole ring
     lo = op.attrs["offset"]
-    return lo, lo + ir.buffer_bytes(op.result), kind == "w", id(op) if op.attrs.get("ring") else None
+    return lo, lo + ir.buffer_bytes(op.result), kind in ("w", "wa"), id(op) if op.attrs.get("ring") else None
 
 
 def _conflict(a: tuple, b: tuple) -> bool:
@@ -131,6 +136,10 @@ def insert_barriers(k: ir.Kernel) -> ir.Kernel:
     defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
 
     def region(r: ir.Region, pending: frozenset, insert: bool) -> frozenset:
+        """pending holds ("sync", access) since the last barrier and ("fence", access) for generic accesses since the
+        last proxy fence: an async access that conflicts with one of those needs the fence, by every thread, before
+        a barrier, even where a barrier since has ordered it for the generic proxy (an epilogue's staging, then the
+        next tile's TMA copies into the same bytes)."""
         out = []
         for op in r.ops:
             if op.kind in ("for", "while"):
@@ -145,16 +154,18 @@ def insert_barriers(k: ir.Kernel) -> ir.Kernel:
                 pending = frozenset().union(*(region(sub, pending, insert) for sub in op.regions))
             else:
                 for eff in _effects(op):
-                    if eff[0] == "sync":
-                        pending = frozenset()
+                    if eff[0] in ("sync", "fence"):  # each clears its own kind of pending access
+                        pending = frozenset(p for p in pending if p[0] != eff[0])
                         continue
-                    acc = _access(eff[0], eff[1], defs)
-                    if any(_conflict(acc, p) for p in pending):
-                        if eff[0] == "ra":  # writes through the generic proxy, made visible to the async one
-                            out.append(ir.Op("fence_async", [], [], {}, op.span))
+                    acc, proxy = _access(eff[0], eff[1], defs), eff[0] in ("ra", "wa")
+                    conflicts = {p[0] for p in pending if (proxy or p[0] == "sync") and _conflict(acc, p[1])}
+                    if proxy and conflicts:  # generic accesses, ordered before the async proxy's
+                        out.append(ir.Op("fence_async", [], [], {}, op.span))
+                        pending = frozenset(p for p in pending if p[0] == "sync")
+                    if conflicts:
                         out.append(ir.Op("barrier", [], [], {}, op.span))
-                        pending = frozenset()
-                    pending = pending | {acc}
+                        pending = frozenset(p for p in pending if p[0] == "fence")
+                    pending = pending | {("sync", acc)} | (frozenset() if proxy else {("fence", acc)})
             out.append(op)
         if insert:
             r.ops = out
