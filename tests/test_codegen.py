@@ -133,7 +133,8 @@ def matmul_tma(label, dt, m, n, k) -> list:
 
 def attention_launched(kernel, label, dt, d, causal, *expect, archs=("sm_80", "sm_90a")):
     """An attention kernel as newtc.ops.attention launches it on contiguous (B, H, 4096, D) tensors, per arch: its
-    parameters typed from the source (lse and delta f32, the other tensors dt), blocks from ops' rule."""
+    parameters typed from the source (lse and delta f32, the other tensors dt), sizes and strides above 0, blocks
+    from ops' rule. On sm_90a its streamed tiles are then TMA copies (4-D maps: the program's head and batch)."""
     module = syntax.parse((STDLIB / "attention.nk").read_text())
     params = [p.name for p in next(x for x in module.defs if x.name == kernel).params if p.default is None and
               not (p.annotation and getattr(p.annotation, "id", "") == "constexpr")]
@@ -146,7 +147,7 @@ def attention_launched(kernel, label, dt, d, causal, *expect, archs=("sm_80", "s
         nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
         consts = {"BM": cfg["BM"], "D": d} if kernel == "attention_bwd_pre" else {**cfg, "CAUSAL": causal}
         s = spec("attention", kernel, f"{label}-{arch}", sig, consts, nw, *expect,
-                 aligned=[n for n in sig if n != "scale"], num_stages=ns)
+                 aligned=[n for n in sig if n != "scale"], num_stages=ns, positive=[n for n in sig if sig[n] == i32])
         out.append(dataclasses.replace(s, archs=(arch,)))
     return out
 
@@ -155,7 +156,7 @@ def transpose_sig(dt):
     return {**ptrs(dt, "x", "out"), "M": i32, "N": i32, "x_stride": i32, "out_stride": i32}
 
 
-BWD = ("sm_80:HMMA", "sm_90a:HGMMA", "LDGSTS", "BAR.SYNC")
+BWD = ("sm_80:HMMA", "sm_90a:HGMMA", "sm_80:LDGSTS", "sm_90a:UTMALDG", "BAR.SYNC")
 # (spec, arch) that compile and run on the tensor cores but spill, kept out of SPECS (whose test forbids it): dK/dV
 # at D 256 on both archs and dQ at D 256 on sm_80 (each holds two [rows, D] tiles beside its f32 accumulators), dK/dV
 # at D 128 causal on sm_80 and the forward at D 256 on sm_80 (mma.sync's fragments take more registers). On sm_90a the forward's blocks measured
@@ -245,7 +246,7 @@ SPECS = [
     *matmul("matmul", "f16-16x4096", f16, 16, 4096, 4096, "HMMA", "LDSM", "sm_80:LDGSTS", "sm_90a:UTMALDG"),  # 16 rows:
     # below wgmma's 64
     *matmul("matmul", "f16-odd", f16, 1000, 1001, 100, *MMA),
-    *matmul("matmul", "f16-a-transposed", f16, 4096, 4096, 4096, *MMA, "sm_90a:UTMALDG", transposed=True),  # B by TMA
+    *matmul("matmul", "f16-a-transposed", f16, 4096, 4096, 4096, *TMA, transposed=True),  # A too: its boxes transposed
     *matmul("matmul", "f32-tf32", f32, 1024, 1024, 1024, "HMMA", "sm_80:LDGSTS", "sm_90a:UTMALDG"),
     *matmul("matmul_bias", "f16-gelu", f16, 4096, 4096, 4096, *TMA, activation="gelu"),
     *matmul("matmul", "f16-4096-ws", f16, 4096, 4096, 4096, *TMA, "sm_90a:USETMAXREG", ws=True),  # a producer warpgroup
@@ -256,7 +257,7 @@ SPECS = [
     # P stays in the registers S was computed in: mma.sync's A on sm_80, wgmma's on sm_90a (test_attention_p_...)
     attention("f16-d128", f16, 128, False, 128, 64, 8, 2, *MMA),
     attention("bf16-d64-causal", bf16, 64, True, 128, 64, 8, 3, *MMA),
-    *attention_launched("attention_fwd", "f16-d256", f16, 256, True, *MMA, archs=("sm_90a",)),
+    *attention_launched("attention_fwd", "f16-d256", f16, 256, True, "HGMMA", "UTMALDG", "SYNCS", archs=("sm_90a",)),
     # the backward pass: delta, then dK/dV and dQ at each head dim (every dot on the tensor cores)
     *attention_launched("attention_bwd_pre", "bf16-d128", bf16, 128, False, "LDG.E.128", *RED),
     *(s for kernel in ("attention_bwd_dkdv", "attention_bwd_dq")
@@ -777,10 +778,39 @@ def test_replicated_copies_into_shared_memory_are_issued_once():
     assert copies and all(re.match(r"\s*if \(\(nk_(lane|warp) & \d+\) == 0", line) for line in copies), copies[:2]
 
 
+def test_attention_streams_its_tiles_by_tma_on_sm_90a():
+    """As ops launches it on sm_90a, the forward's K and V blocks (K read transposed: memory's rows are the tile's
+    columns) are TMA copies through 4-D maps: D, the keys up to L_k, then the base's index * stride terms (the
+    program's batch and K/V head, unbounded). The masked and unmasked loops share them; no cp.async is left. Each
+    element of a transposed box lands where the ring's layout puts it."""
+    from newtc import ir
+    from newtc.layout import _swizzle, inverse, to_flat, xor_span
+    s = attention_launched("attention_fwd", "f16-d128", f16, 128, False, archs=("sm_90a",))[0]
+    out = compiler.compile(stdlib_module("attention")[0], s.kernel, s.compiler("sm_90a"), until="cuda")
+    names = [p.name for p in out.kernel.params]
+    bn, big = dict(s.consts)["BN"], ["const", 2**31 - 1]
+    assert out.kernel.tmaps == [
+        {"itemsize": 2, "base": names.index(t), "dims": [["const", 128], ["arg", names.index("L_k")], big, big],
+         "strides": [["arg", names.index(f"stride_{t}{d}")] for d in "nbh"], "box": [64, bn, 1, 1], "swizzle": 128}
+        for t in "kv"]
+    assert "nk_cp_async<" not in out.cuda.source and "cp.async.bulk.tensor.4d" in out.cuda.source
+    loads = [op for op in ir.walk(out.kernel.body) if op.kind == "tma_load"]
+    assert {op.attrs["map"] for op in loads} == {0, 1}
+    k = next(op for op in loads if op.attrs["map"] == 0)
+    lay = k.args[0].layout
+    assert lay.shape == (128, bn)  # [D, keys]: K transposed
+    inv = inverse(lay)
+    for r, c, at in k.attrs["boxes"]:
+        for i in range(bn):
+            for j in range(64):
+                want = 2 * xor_span(inv, to_flat(lay.shape, (c + j, r + i)))
+                assert _swizzle(at + (i * 64 + j) * 2, 128) == want
+
+
 @pytest.mark.parametrize("d,arch", [(64, "sm_90a"), (128, "sm_90a"), (64, "sm_80")], ids=str)
 def test_attention_dkdv_tiles_stored_once(d, arch):
     """dK/dV reads Q and dO each as a dot's B and, transposed, as another's: each lands once in a ring slot by
-    cp.async and both dots read it there (wgmma through a transposed view of the slot, mma.sync by ldmatrix),
+    cp.async (TMA on sm_90a) and both dots read it there (wgmma through a transposed view of the slot, mma.sync by ldmatrix),
     with no 2-D tile stored from registers in the loop (the inner loop had 7 stores and 8 barriers)."""
     from newtc import ir
     s = attention_launched("attention_bwd_dkdv", f"f16-d{d}", f16, d, False, archs=(arch,))[0]
@@ -790,7 +820,8 @@ def test_attention_dkdv_tiles_stored_once(d, arch):
     body = list(ir.walk(loop.regions[0]))
     kinds = [op.kind for op in body]
     assert not [op for op in body if op.kind == "local_store" and len(op.args[1].type.shape) == 2]
-    assert [op.args[0].type.shape for op in body if op.kind == "async_copy"].count((s.consts[0][1], d)) == 2
+    copies = [op.args[0].type.shape for op in body if op.kind in ("async_copy", "tma_load")]
+    assert copies.count((s.consts[0][1], d)) == 2
     assert kinds.count("barrier") <= 2, kinds.count("barrier")
     if arch == "sm_90a":
         defs = {id(r): op for op in body for r in op.results}

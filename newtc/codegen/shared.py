@@ -234,14 +234,17 @@ def mbar_expect(cg, op: ir.Op) -> None:
 
 
 def tma_load(cg, op: ir.Op) -> None:
-    """One cp.async.bulk.tensor per box of the tile, at the tile's (row, column) plus the box's; coordinates go
-    innermost first, and what lies out of bounds is written as zeros."""
-    view, bars, slot, valid, row, col = op.args
+    """One cp.async.bulk.tensor per box of the tile, at the tile's (row, column) plus the box's, then the map's outer
+    indices; coordinates go innermost first, and what lies out of bounds is written as zeros."""
+    view, bars, slot, valid, row, col, *outer = op.args
     bar, base = mbarrier(cg, bars, slot), f"nk_sbase + {buffer_base(cg, view)}"
-    copies = [f'asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], '
-              f'[%1, {{%2, %3}}], [%4];" :: "r"({base} + {at}), "l"((unsigned long long)&nk_map{op.attrs["map"]}), '
-              f'"r"((int)({cg.scalar(col)} + {c})), "r"((int)({cg.scalar(row)} + {r})), "r"({bar}) : "memory");'
-              for r, c, at in op.attrs["boxes"]]
+    rank, coords = 2 + len(outer), [cg.scalar(v) for v in outer]
+    at = ", ".join(f"%{k}" for k in range(2, 2 + rank))
+    copies = [f'asm volatile("cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], '
+              f'[%1, {{{at}}}], [%{2 + rank}];" :: "r"({base} + {a}), "l"((unsigned long long)&nk_map{op.attrs["map"]}), '
+              + "".join(f'"r"((int)({x})), ' for x in [f"{cg.scalar(col)} + {c}", f"{cg.scalar(row)} + {r}", *coords])
+              + f'"r"({bar}) : "memory");'
+              for r, c, a in op.attrs["boxes"]]
     cg.emit(f"if ({cg.issuer} && {cg.scalar(valid)}) {{ {' '.join(copies)} }}")
 
 

@@ -16,7 +16,7 @@ and the loads of step k + 1 overlap the tensor-core work of step k.
 from __future__ import annotations
 
 from .. import ir
-from ..layout import restrict, tma_boxes
+from ..layout import remap, restrict, tma_boxes
 from ..types import Type, bool_, i32, u64
 from .axisinfo import analyze_axes
 from .lower import alloc, uses
@@ -129,10 +129,12 @@ class Pipeliner:
         if desc is None or not self.k.spec.arch.startswith("sm_90") or \
                 any(not isinstance(v, ir.Value) or id(v) in inside for v in unproven):
             return None
-        base, shape, strides, _ = desc
-        item = store.args[0].type.dtype.elem.itemsize
-        boxes = tma_boxes(store.args[0].layout, item) if len(shape) == 2 else None
-        refs = [self.ref(v) for v in (base, *shape, strides[0])]
+        base, shape, strides, _, outer, flipped = desc if len(desc) == 6 else (*desc, [], False)
+        item, lay = store.args[0].type.dtype.elem.itemsize, store.args[0].layout
+        if flipped:  # TMA writes memory's rows: the tile's columns
+            lay = remap(lay, lay.shape[::-1], lambda c: c[::-1])
+        boxes = tma_boxes(lay, item) if len(shape) == 2 else None
+        refs = [self.ref(v) for v in (base, *shape, strides[0], *(st for _, st in outer))]
 
         def aligned(r: tuple, unit: int) -> bool:
             return self.k.params[r[1]].name in self.k.spec.aligned if r[0] == "arg" else r[1] * unit % 16 == 0
@@ -140,9 +142,9 @@ class Pipeliner:
         def positive(r: tuple) -> bool:
             return self.k.params[r[1]].name in self.k.spec.positive if r[0] == "arg" else r[1] > 0
         if boxes is None or None in refs or refs[0][0] != "arg" or not aligned(refs[0], 1) \
-                or not aligned(refs[3], item) or not all(map(positive, refs[1:])):
+                or not all(aligned(r, item) for r in refs[3:]) or not all(map(positive, refs[1:])):
             return None
-        load.attrs["desc"] = desc  # the copies of later iterations read its starts
+        load.attrs["desc"] = (base, shape, strides, desc[3], outer, flipped)  # later iterations' copies read its starts
         for v in unproven:
             zero = self.const(checks, 0, v.type.dtype, load.span)
             ok = self.scalar(checks, "or", [self.scalar(checks, "ge", [v, zero], bool_, load.span),
@@ -150,9 +152,12 @@ class Pipeliner:
             msg = "a tile that TMA reads starts below 0: add `index >= 0` to the load's mask"
             checks.append(ir.Op("assert", [ok, None], [], {"msg": msg, "trap": True}, load.span))
         mode, (height, width), at = boxes
-        self.k.tmaps.append({"itemsize": item, "base": refs[0][1], "dims": [list(refs[2]), list(refs[1])],
-                             "strides": [list(refs[3])], "box": [width, height], "swizzle": mode})  # as JSON reads it
-        return {"map": len(self.k.tmaps) - 1, "boxes": at}
+        tmap = {"itemsize": item, "base": refs[0][1],  # innermost first, as JSON reads it
+                "dims": [list(refs[2]), list(refs[1])] + [["const", UNBOUNDED]] * len(outer),
+                "strides": [list(r) for r in refs[3:]], "box": [width, height] + [1] * len(outer), "swizzle": mode}
+        if tmap not in self.k.tmaps:  # loops over the same tensor (a masked and an unmasked one) share its map
+            self.k.tmaps.append(tmap)
+        return {"map": self.k.tmaps.index(tmap), "boxes": at}
 
     def low(self, v) -> int | None:
         """A lower bound of an integer scalar (parameters are above 0 where the specialization says so, a loop variable
@@ -186,31 +191,60 @@ class Pipeliner:
                 else None}[op.kind]()
 
     def tile(self, load: ir.Op) -> tuple | None:
-        """A 2-D pointer load read as a descriptor, (base, shape, strides, starts), and the starts to check at run
-        time: pointers base + (r0 + arange) * s + (c0 + arange) (s a parameter or constant, the column step 1), masked
-        by `r < M` and `c < N` (M, N parameters or constants) or not at all on an axis (a size TMA never reaches), are
-        what TMA's bounds check reads, given starts at or above 0: proven (`low`), or bounded by `r >= 0` in the mask
-        too, or else to be checked. None if the load is not such a tile."""
+        """A 2-D pointer load read as a descriptor, (base, shape, strides, starts, outer, flipped), and the starts to
+        check at run time: pointers base + (r0 + arange) * s + (c0 + arange) (s a parameter or constant, the column
+        step 1), masked by `r < M` and `c < N` (M, N parameters or constants) or not at all on an axis (a size TMA never
+        reaches), are what TMA's bounds check reads, given starts at or above 0: proven (`low`), or bounded by `r >= 0`
+        in the mask too, or else to be checked. The unit step may be along the tile's rows (`flipped`: memory's rows
+        are the tile's columns, a transposed operand). A base of parameter + index * stride terms (a program's batch
+        and head) gives the map `outer` dimensions, (index, stride) each, that no mask bounds. None if the load is
+        not such a tile."""
         shape = load.result.type.shape
         found = self.pointer(load.args[0]) if len(shape) == 2 else None
         bounds = ([] if load.args[1] is None else self.bounds(load.args[1])) if found else None
-        if bounds is None:
+        root = self.root(found[0]) if bounds is not None else None
+        if root is None:
             return None
-        base, terms = found
-        axes = [[t for t in terms if t[0] == d] for d in range(2)]
+        axes = [[t for t in found[1] if t[0] == d] for d in range(2)]
         if [len(a) for a in axes] != [1, 1]:
             return None
-        (_, rows, s), (_, cols, unit) = axes[0][0], axes[1][0]
-        ats = (rows, cols)
-        if (unit is not None and (unit.facts is None or unit.facts.value != 1) and self.ref(unit) != ("const", 1)) \
-                or any(x != ats[axis] for _, axis, _, x in bounds) or \
-                len({(kind, axis) for kind, axis, *_ in bounds}) != len(bounds) or (rows[1], cols[1]) != shape:
+        ats = (axes[0][0][1], axes[1][0][1])
+        flipped = self.unit(axes[0][0][2]) and not self.unit(axes[1][0][2])
+        (_, rows, s), (_, cols, unit) = (axes[1][0], axes[0][0]) if flipped else (axes[0][0], axes[1][0])
+        if not self.unit(unit) or any(x != ats[axis] for _, axis, _, x in bounds) or \
+                len({(kind, axis) for kind, axis, *_ in bounds}) != len(bounds) or (ats[0][1], ats[1][1]) != shape:
             return None
-        dims = tuple(next((b for kind, axis, b, _ in bounds if kind == "lt" and axis == d), UNBOUNDED)
-                     for d in range(2))
+        # an unmasked axis reaches no further than its tile: as far as that when the tile starts at a constant
+        dims = [next((b for kind, axis, b, _ in bounds if kind == "lt" and axis == d),
+                     at[0] + at[1] if type(at[0]) is int else UNBOUNDED) for d, at in enumerate(ats)]
         unproven = [at[0] for d, at in enumerate(ats) if ("ge", d) not in {(kind, axis) for kind, axis, *_ in bounds}
                     and (self.low(at[0]) is None or self.low(at[0]) < 0)]
-        return (base, dims, (1 if s is None else s, 1), (rows[0], cols[0])), unproven
+        unproven += [i for i, _ in root[1] if self.low(i) is None or self.low(i) < 0]
+        return (root[0], dims[::-1] if flipped else dims, (1 if s is None else s, 1), (rows[0], cols[0]), root[1],
+                flipped), unproven
+
+    def unit(self, v) -> bool:
+        """A step of 1: none (a bare arange), or a value known to be 1."""
+        return v is None or (v.facts is not None and v.facts.value == 1) or self.ref(v) == ("const", 1)
+
+    def root(self, v) -> tuple | None:
+        """A scalar pointer as a parameter plus index * stride terms: (the parameter, [(index, stride)])."""
+        op = self.defs.get(id(v))
+        if op is None or op.kind != "ptradd":
+            return v, []
+        inner, terms = self.root(op.args[0]), self.products(op.args[1])
+        return (inner[0], inner[1] + terms) if inner is not None and terms is not None else None
+
+    def products(self, v) -> list | None:
+        """A scalar offset as a sum of index * stride (the stride a parameter or constant), or None."""
+        op = self.defs.get(id(v))
+        if op is not None and op.kind == "add":
+            a, b = (self.products(x) for x in op.args)
+            return a + b if a is not None and b is not None else None
+        if op is not None and op.kind == "mul":
+            x, y = op.args
+            return [(x, y)] if self.ref(y) is not None else [(y, x)] if self.ref(x) is not None else None
+        return None
 
     def pointer(self, v) -> tuple | None:
         """base + offsets, as (the base scalar, [(axis, (start, length), stride or None)])."""
@@ -370,9 +404,10 @@ class Pipeliner:
             for (store, load, _), ring, plan in zip(found, rings, plans):
                 view = ir.Value(ring.type.with_dtype(ir.Buffer(ring.type.dtype.elem)), "smem", ring.layout)
                 out.append(ir.Op("slot", [ring, slot], [view], {}, load.span))
-                if plan:  # the descriptor's offsets at that iteration; TMA checks the bounds
+                if plan:  # the descriptor's offsets at that iteration, then its outer indices; TMA checks the bounds
+                    _, _, _, starts, outer, _ = load.attrs["desc"]
                     at = [self.clone(o, memo, scope, out) if isinstance(o, ir.Value) else self.const(out, o, i32, span)
-                          for o in load.attrs["desc"][3]]
+                          for o in (*starts, *(i for i, _ in outer))]
                     out.append(ir.Op("tma_load", [view, bars, slot, valid, *at], [], dict(plan), load.span))
                     continue
                 ptr = self.clone(load.args[0], memo, scope, out)
@@ -420,7 +455,7 @@ class Pipeliner:
             head.append(ir.Op("mbar_wait", [bars, r_slot, phase], [], {}, span))
         # cp.async writes through the generic proxy, the tensor cores read through the async one: a proxy fence.
         # TMA writes through the async proxy, ordered for wgmma by the mbarrier alone (CUTLASS's mainloop has none)
-        if cp_async and any(u.kind in ("dot", "trans") for *_, reads in found for u in reads):
+        if any(not plan and u.kind in ("dot", "trans") for (*_, reads), plan in zip(found, plans) for u in reads):
             head.append(ir.Op("fence_async", [], [], {}, span))
         if not ws:
             head.append(ir.Op("barrier", [], [], {}, span))

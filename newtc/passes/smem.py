@@ -134,12 +134,22 @@ def _conflict(a: tuple, b: tuple) -> bool:
 
 def insert_barriers(k: ir.Kernel) -> ir.Kernel:
     defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
+    # every access through the async proxy: generic accesses of the same bytes are fenced at the next barrier
+    asynchronous = {_access(e[0], e[1], defs) for op in ir.walk(k.body) for e in _effects(op) if e[0] in ("ra", "wa")}
+
+    def fenced(pending: frozenset, before: frozenset, out: list, span) -> frozenset:
+        """At a barrier: a proxy fence first, by every thread, where generic accesses pending since `before` meet
+        bytes the async proxy accesses (so that one barrier orders them for both proxies)."""
+        due = {p for p in pending & before if p[0] == "fence" and any(_conflict(a, p[1]) for a in asynchronous)}
+        if due:
+            out.append(ir.Op("fence_async", [], [], {}, span))
+        return pending - {p for p in pending & before if p[0] == "fence"} if due else pending
 
     def region(r: ir.Region, pending: frozenset, insert: bool) -> frozenset:
         """pending holds ("sync", access) since the last barrier and ("fence", access) for generic accesses since the
-        last proxy fence: an async access that conflicts with one of those needs the fence, by every thread, before
-        a barrier, even where a barrier since has ordered it for the generic proxy (an epilogue's staging, then the
-        next tile's TMA copies into the same bytes)."""
+        last proxy fence. A barrier after generic accesses of bytes the async proxy uses gets the fence before it
+        (an epilogue's staging, then the next tile's TMA copies into the same bytes; a tile stored before a loop that
+        wgmma reads in it). An async access that still conflicts with one gets a fence and a barrier of its own."""
         out = []
         for op in r.ops:
             if op.kind in ("for", "while"):
@@ -153,15 +163,22 @@ def insert_barriers(k: ir.Kernel) -> ir.Kernel:
             elif op.kind == "if":
                 pending = frozenset().union(*(region(sub, pending, insert) for sub in op.regions))
             else:
+                before = pending  # a barrier inside the op comes after the op's own earlier accesses
                 for eff in _effects(op):
-                    if eff[0] in ("sync", "fence"):  # each clears its own kind of pending access
-                        pending = frozenset(p for p in pending if p[0] != eff[0])
+                    if eff[0] == "sync":
+                        pending = fenced(pending, before, out, op.span)
+                        pending = frozenset(p for p in pending if p[0] != "sync")
+                        continue
+                    if eff[0] == "fence":
+                        pending = frozenset(p for p in pending if p[0] != "fence")
                         continue
                     acc, proxy = _access(eff[0], eff[1], defs), eff[0] in ("ra", "wa")
                     conflicts = {p[0] for p in pending if (proxy or p[0] == "sync") and _conflict(acc, p[1])}
                     if proxy and conflicts:  # generic accesses, ordered before the async proxy's
                         out.append(ir.Op("fence_async", [], [], {}, op.span))
                         pending = frozenset(p for p in pending if p[0] == "sync")
+                    elif conflicts:
+                        pending = fenced(pending, pending, out, op.span)
                     if conflicts:
                         out.append(ir.Op("barrier", [], [], {}, op.span))
                         pending = frozenset(p for p in pending if p[0] == "fence")
