@@ -755,31 +755,35 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
 
 
 # ---- attention ----------------------------------------------------------------------------------------
-# Attention's blocks: kernel -> (held, streamed, longest streamed) numerators over D, with wgmma (sm_90a) and with
-# mma.sync. Measured on an H200 (bench/RESULTS.md) over blocks, warps and stages; mma.sync keeps the blocks that
-# compile without spills on sm_80.
-ATTENTION_BLOCKS = {("fwd", True): (16384, 8192, 128), ("dq", True): (16384, 8192, 64), ("dkdv", True): (4096, 8192, 64),
-                    ("fwd", False): (16384, 8192, 64), ("dq", False): (16384, 4096, 64), ("dkdv", False): (8192, 2048, 64)}
+# Attention's blocks, (kernel, wgmma) -> head dim -> (held rows, streamed rows): measured on an H200 over blocks, warps
+# and stages (bench/attention_blocks.py; bench/RESULTS.md), for every head dim the kernels take. mma.sync (sm_80) keeps
+# the blocks that compile without spills there.
+ATTENTION_BLOCKS = {("fwd", True): {64: (64, 128), 128: (128, 64), 256: (64, 32)},
+                    ("dq", True): {64: (64, 64), 128: (64, 64), 256: (64, 32)},
+                    ("dkdv", True): {64: (64, 64), 128: (64, 64), 256: (64, 32)},
+                    ("fwd", False): {64: (128, 64), 128: (128, 64), 256: (64, 32)},
+                    ("dq", False): {64: (128, 64), 128: (128, 32), 256: (64, 16)},
+                    ("dkdv", False): {64: (128, 32), 128: (64, 16), 256: (64, 16)}}
 WGMMA_ACC = 192  # f32 accumulator values per thread (the held tile and the block's scores) one warpgroup carries
 
 
 def _attention_blocks(d: int, rows: int, keys: int, kernel: str, arch: str) -> dict:
-    """Blocks by head dim. The block a program holds (queries for the forward and dQ, keys for dK/dV) is 64 to
+    """Blocks by head dim. The block a program holds (queries for the forward and dQ, keys for dK/dV) is 64 or
     128 rows (64: wgmma's M); the streamed block is as long as the other live tiles leave registers for: fewer
-    as D grows. With wgmma, the fewest warpgroups that keep the live f32 accumulators under WGMMA_ACC values a
-    thread: the held [rows, D] tile (dK/dV: two) and the block's [rows, streamed] scores (S; dQ and dK/dV also
-    dP). mma.sync holds its fragments in more registers: 8 warps. Two stages, three for the forward at D 64
-    (its ring holds two 128-key tiles: 3 beat 2 by 8% there, and lost at every other kernel and D). Blocks
-    shrink to cover short sequences (16: a tensor-core step)."""
+    as D grows. With wgmma (the streamed tiles come by TMA) dQ and dK/dV hold 64 rows, and so does the forward
+    but at D 128, where 128 rows share each K/V tile. The fewest warpgroups that keep the live f32 accumulators
+    under WGMMA_ACC values a thread: the held [rows, D] tile (dK/dV: two) and the block's [rows, streamed] scores
+    (S; dQ and dK/dV also dP). mma.sync holds its fragments in more registers: 8 warps. Two stages; three for
+    mma.sync's forward at D 64 (a cp.async ring of two 128-key tiles: 3 beat 2 by 8% there). Blocks shrink to
+    cover short sequences (16: a tensor-core step)."""
     wgmma = arch == "sm_90a"
-    held, streamed, longest = ATTENTION_BLOCKS[kernel, wgmma]
-    held, streamed = min(128, max(64, held // d)), max(16, min(longest, streamed // d))
+    held, streamed = ATTENTION_BLOCKS[kernel, wgmma][d]
     tiles = (2, 2) if kernel == "dkdv" else (1, 2) if kernel == "dq" else (1, 1)  # held tiles, score tiles
     values = held * (tiles[0] * d + tiles[1] * streamed)
     warps = 4 * _cdiv(values, 128 * WGMMA_ACC) if wgmma else 8
     bm, bn = (streamed, held) if kernel == "dkdv" else (held, streamed)
     return dict(BM=min(bm, max(16, _pow2(rows))), BN=min(bn, max(16, _pow2(keys))), D=d, num_warps=warps,
-                num_stages=3 if d == 64 and kernel == "fwd" else 2)
+                num_stages=3 if d == 64 and kernel == "fwd" and not wgmma else 2)
 
 
 def _attention_args(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None):
