@@ -147,13 +147,16 @@ def test_faults_reject_a_candidate_and_the_worker_is_replaced():
     try:
         results = pool.map([(lambda: None, ({"mode": m}, False)) for m in modes])
         again = pool.map([(lambda: None, ({"mode": "ok"}, False))] * 2)
+        live = len(pool.procs)
     finally:
         pool.close()
     for m, (ms, why) in zip(modes, results):
         assert (ms < float("inf")) == (m == "ok") and (why is None) == (m == "ok")
     assert "hang" in results[3][1] and "wrong" in results[4][1] and "ILLEGAL_ADDRESS" in results[5][1]
     assert all(ms in (1.5, 2.5) for ms, _ in again)  # the session goes on
-    assert pool.started >= 5  # two workers, three replaced
+    # three workers lost (crash, hang, fault), each replaced when its device had work again: whether the last one
+    # was depends on which thread took the last jobs
+    assert pool.started - live == 3 and pool.started >= 4
 
 
 SCRIPT = """\
