@@ -642,9 +642,9 @@ def test_module_compile_path_matches_table():
 
 
 # ---- the streamed row loop: what keeps it fast ---------------------------------------------------
-def loop_body(source: str) -> str:
-    """The text of the kernel's first runtime `for` loop, braces matched."""
-    start = source.index("{", source.index("  for ("))
+def loop_body(source: str, var: str = "") -> str:
+    """The text of the kernel's first runtime `for` loop (over `var`, if given), braces matched."""
+    start = source.index("{", re.search(rf"  for \(int {var}" if var else r"  for \(", source).start())
     depth = 0
     for i in range(start, len(source)):
         depth += {"{": 1, "}": -1}.get(source[i], 0)

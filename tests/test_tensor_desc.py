@@ -22,6 +22,7 @@ from newtc.paths import data_dir
 from newtc.types import Ptr, f16, i32
 from test_block_ptr import (TUTORIAL, assert_same_pipeline, cdiv, check_padded_row_sums, devices, matmul_specs,
                             tensor_core_sass)
+from test_codegen import loop_body
 
 MATMUL = """\
 # examples/tutorials/03_matmul_block_pointer.nk with tensor descriptors: one per matrix, made once, moved by each access
@@ -223,17 +224,6 @@ def test_tma_only_where_the_specialization_proves_it(change, maps, cp_async):
     assert bool(ops["UTMALDG"]) == bool(maps) and bool(ops["LDGSTS"]) == cp_async and ops["HGMMA"]
 
 
-def loop_body(src: str, var: str) -> str:
-    """The text of the first `for (int var_...` loop's body."""
-    at = src.index("{", re.search(rf"for \(int {var}_\d+", src).start())
-    depth = 0
-    for i in range(at, len(src)):
-        depth += {"{": 1, "}": -1}.get(src[i], 0)
-        if depth == 0:
-            return src[at:i]
-    raise AssertionError("unbalanced braces")
-
-
 def test_proxy_fences_only_where_generic_accesses_meet_the_async_proxy():
     """TMA writes and wgmma reads are both the async proxy: the ring they share has no fence in the loop, where one
     that cp.async fills has one per iteration. A program that walks tiles stages each tile's output in bytes that the
@@ -242,7 +232,7 @@ def test_proxy_fences_only_where_generic_accesses_meet_the_async_proxy():
     tma = compiled(MATMUL, spec, "cuda").cuda.source
     mixed = compiled(MATMUL, dataclasses.replace(spec, aligned=tuple(a for a in spec.aligned if a != "a_ptr")),
                      "cuda").cuda.source
-    assert "fence.proxy.async" not in loop_body(tma, "k") and loop_body(mixed, "k").count("fence.proxy.async") == 1
+    assert "fence.proxy.async" not in loop_body(tma, "k_") and loop_body(mixed, "k_").count("fence.proxy.async") == 1
     ints = "M N K stride_am stride_ak stride_bk stride_bn stride_cm stride_cn".split()
     sig = {**{p: Ptr(f16) for p in "abc"}, **{n: i32 for n in ints}}
     walk = compiler.Spec.of(sig, dict(BM=128, BN=256, BK=64, GROUP_M=8), num_warps=8, num_stages=4, arch="sm_90a",
@@ -250,9 +240,9 @@ def test_proxy_fences_only_where_generic_accesses_meet_the_async_proxy():
                             ones=["stride_ak", "stride_bn", "stride_cn"], positive=ints)
     text = (data_dir("stdlib") / "matmul.nk").read_text()
     out = compiler.compile(syntax.parse(text, "matmul.nk"), "matmul", walk, until="cuda")
-    tile = loop_body(out.cuda.source, "t")
+    tile = loop_body(out.cuda.source, "t_")
     copy = tile.index("cp.async.bulk.tensor")
-    assert "fence.proxy.async" not in loop_body(tile, "k")
+    assert "fence.proxy.async" not in loop_body(tile, "k_")
     assert "__syncthreads" in tile[tile.rindex("fence.proxy.async", 0, copy):copy]
     staged = [op for op in ir.walk(out.kernel.body) if op.kind == "alloc" and not op.attrs.get("ring")]
     assert staged and min(op.attrs["offset"] for op in staged) < 65536  # the staging does overlap the ring
