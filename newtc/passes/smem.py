@@ -8,6 +8,8 @@ A barrier goes before any shared-memory access that conflicts (a write against a
 overlapping bytes) with an access made since the last barrier; loops are followed around their back
 edge until the set of pending accesses settles. Accesses of one ring buffer by a software-pipelined
 loop are ordered by the pipeline's own wait-and-barrier, so they do not conflict with each other.
+The tensor cores (wgmma) and TMA access shared memory through the async proxy: generic accesses of bytes
+they also use get a `fence.proxy.async` before the barrier that orders them (the PTX memory model's rule).
 """
 from __future__ import annotations
 
