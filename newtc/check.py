@@ -1287,7 +1287,8 @@ def _load_tensor_descriptor(c: Checker, span, desc, offsets):
     p = desc_at(span, desc, offsets, "load_tensor_descriptor()")
     v = _load(c, span, p, boundary_check=tuple(range(len(p.block_shape))), padding_option=desc.padding)
     if desc.padding == "zero":  # what TMA fills with: passes.pipeline may make the load a TMA copy (the IR keeps it)
-        c.region.ops[-1].attrs["desc"] = (desc.base, desc.shape, desc.strides, p.offsets)
+        # as passes.pipeline reads a tile: no outer dimensions, not transposed
+        c.region.ops[-1].attrs["desc"] = (desc.base, desc.shape, desc.strides, p.offsets, [], False)
     return v
 
 

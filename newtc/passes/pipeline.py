@@ -129,7 +129,7 @@ class Pipeliner:
         if desc is None or not self.k.spec.arch.startswith("sm_90") or \
                 any(not isinstance(v, ir.Value) or id(v) in inside for v in unproven):
             return None
-        base, shape, strides, _, outer, flipped = desc if len(desc) == 6 else (*desc, [], False)
+        base, shape, strides, _, outer, flipped = desc
         item, lay = store.args[0].type.dtype.elem.itemsize, store.args[0].layout
         if flipped:  # TMA writes memory's rows: the tile's columns
             lay = remap(lay, lay.shape[::-1], lambda c: c[::-1])
@@ -144,7 +144,7 @@ class Pipeliner:
         if boxes is None or None in refs or refs[0][0] != "arg" or not aligned(refs[0], 1) \
                 or not all(aligned(r, item) for r in refs[3:]) or not all(map(positive, refs[1:])):
             return None
-        load.attrs["desc"] = (base, shape, strides, desc[3], outer, flipped)  # later iterations' copies read its starts
+        load.attrs["desc"] = desc  # the copies of later iterations read its starts
         for v in unproven:
             zero = self.const(checks, 0, v.type.dtype, load.span)
             ok = self.scalar(checks, "or", [self.scalar(checks, "ge", [v, zero], bool_, load.span),
