@@ -55,7 +55,8 @@ Made by the passes (the checker never emits them; the interpreter runs the IR be
   local_load  (buf)              attrs start (coordinate of the sub-tile read)
   async_copy  (buf, ptr, mask|None)                        cp.async of a pointer block into a buffer
   async_commit, async_wait       attrs pending              cp.async groups
-  dot_wait    (acc)              attrs pending              the accumulator of asynchronous wgmma, once landed
+  dot_wait    (acc..., buf...)   attrs pending              the accumulators of asynchronous wgmma, once landed
+                                                           (one result each); the buffers they read
   barrier, fence_async                                     __syncthreads; order shared-memory writes before the
                                                            tensor cores' (async proxy) reads
   roles                          attrs consumers; region   the producer warpgroup's code (threads past `consumers`,

@@ -110,15 +110,19 @@ def shared(v: ir.Value) -> bool:
 @pytest.mark.parametrize("bm,bn", TILES)
 def test_chained_a_stays_in_registers_on_sm90a(mod, dtype, warps, bm, bn):
     """sm_90a: the second dot is wgmma with A from registers (the first dot's, as they are: no conversion through
-    shared memory, so only the async copies write shared memory in the loop) and B from shared memory; it is not left
-    running into the next iteration (its A registers are rewritten there). sm_80: mma.sync."""
+    shared memory, so only the async copies write shared memory in the loop) and B from shared memory; it lands within
+    its iteration (its A registers are rewritten in the next). sm_80: mma.sync."""
     a, b, c = chained_inputs(bm, bn, dtype, "cpu")
     args = (a, b, c, torch.empty(bm, D), bm, bn)
     meta = dict(BM=bm, BN=bn, K=K, D=D, num_warps=warps, num_stages=3)
-    *_, pv = dots(mod.chained, args, meta, "sm_90a")
-    assert "wgmma" in pv.attrs and not shared(pv.args[0]) and shared(pv.args[1]) and not pv.attrs.get("async")
-    body = next(op for op in ir.walk(mod.chained.output(args, meta, "ir", "sm_90a").kernel.body) if op.kind == "for")
+    kernel = mod.chained.output(args, meta, "ir", "sm_90a").kernel
+    *_, pv = [op for op in ir.walk(kernel.body) if op.kind == "dot"]
+    assert "wgmma" in pv.attrs and not shared(pv.args[0]) and shared(pv.args[1])
+    body = next(op for op in ir.walk(kernel.body) if op.kind == "for")
+    ops = body.regions[0].ops
     assert not [op for op in ir.walk(body.regions[0]) if op.kind == "local_store"]
+    landed = [i for i, op in enumerate(ops) if op.kind == "dot_wait" and any(a is pv.result for a in op.args)]
+    assert landed and landed[0] < len(ops) - 1 and ops[-1].kind == "yield"
     sass = mod.chained.sass(*args, arch="sm_90a", **meta)
     assert re.search(r"HGMMA\.64x\d+x16\.F32\S* R\d+, R\d+, gdesc", sass)  # A from registers, B a descriptor
     assert all("mma" in op.attrs for op in dots(mod.chained, args, meta, "sm_80"))

@@ -64,6 +64,7 @@ class Codegen:
         self.thread_vars: dict = {}  # (var, lane bases, warp bases) -> name of the per-thread variable
         self.names: dict[int, str] = {}  # scalars and register arrays
         self.vals: dict[int, list[str]] = {}  # id(block value) -> one C expression per register
+        self.pinned: dict[int, list[str]] = {}  # id(asynchronous wgmma's result) -> its A words in registers
         self.defs: dict[int, ir.Op] = {id(r): op for op in ir.walk(k.body) for r in op.results}
         # ptxas serializes asynchronous wgmma if accumulators are read behind branches: stores then use predicates
         self.predicated = any(op.kind == "dot" and op.attrs.get("async") for op in ir.walk(k.body))

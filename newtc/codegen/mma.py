@@ -97,7 +97,11 @@ def wgmma(cg, op: ir.Op) -> None:
     item = b.type.dtype.elem.itemsize
     shared_a = isinstance(a.type.dtype, ir.Buffer)
     name = cg.array(res)
-    cg.emit_all([f"{name}[{i}] = {c};" for i, c in enumerate(cg.regs(acc))])
+    # a zero accumulator is not copied in: the first K step ignores it (scale-d 0), and no register the tensor
+    # cores write is a copy of one constant (ptxas would wait for an earlier group before reusing it)
+    zero = zero_splat(cg, acc)
+    if not zero:
+        cg.emit_all([f"{name}[{i}] = {c};" for i, c in enumerate(cg.regs(acc))])
     out = by_coord(res.layout, [f"{name}[{i}]" for i in range(res.layout.nregs)])
     origins = [to_coord(res.layout.shape, w) for w in res.layout.warp[2:]]  # the warpgroup bits' (row, col)
 
@@ -117,6 +121,7 @@ def wgmma(cg, op: ir.Op) -> None:
         fa = dict(zip(words, (cg.fresh("f") for _ in words)))
         cg.emit_all([f"unsigned {fa[x]} = {w};" for x, w in words.items()])
         cg.emit_all([f'asm volatile("" : "+r"({r}));' for r in fa.values()], per_line=4)
+        cg.pinned[id(res)] = list(fa.values())  # read by the tensor cores until the wait
     ops = ", ".join(f"%{i}" for i in range(nw // 2))
     cg.emit('asm volatile("wgmma.fence.sync.aligned;" ::: "memory");')
     for blk in range(mw // 64):
@@ -124,13 +129,14 @@ def wgmma(cg, op: ir.Op) -> None:
         binds = ", ".join(f'"+f"({r})' for r in regs)
         for s in range(k // 16):
             db = wgmma_descriptor(b.layout, item, (16 * s, 0), (16, nw), 0)
+            scale_d = int(not (zero and s == 0))
             if shared_a:
                 da = wgmma_descriptor(a.layout, item, (64 * blk, 16 * s), (64, 16), 1)
-                operand, args, flags = f"%{nw // 2}", [f'"l"({desc(a, wa, da)})'], f"1, 1, 1, {int(da[4])}"
+                operand, args, flags = f"%{nw // 2}", [f'"l"({desc(a, wa, da)})'], f"{scale_d}, 1, 1, {int(da[4])}"
             else:  # a0..a3: the words at rows +0, +8, then at k +8
                 operand = "{" + ", ".join(f"%{nw // 2 + j}" for j in range(4)) + "}"
                 args = [f'"r"({fa[(64 * blk + 8 * (j % 2), 16 * s + 8 * (j // 2))]})' for j in range(4)]
-                flags = "1, 1, 1"
+                flags = f"{scale_d}, 1, 1"
             cg.emit(f'asm volatile("wgmma.mma_async.sync.aligned.m64n{nw}k16.{op.attrs["types"]} {{{ops}}}, '
                     f'{operand}, %{nw // 2 + len(args)}, {flags}, {int(db[4])};" : {binds} : '
                     f'{", ".join(args)}, "l"({desc(b, wb, db)}));')
@@ -139,15 +145,26 @@ def wgmma(cg, op: ir.Op) -> None:
         wait(cg, 0, list(out.values()))
 
 
-def wait(cg, pending: int, regs: list[str]) -> None:
-    """wgmma.wait_group: with nothing left pending, the accumulators are final; the tensor cores write them behind
-    the compiler's back, so an empty asm that 'changes' each pins every read after the wait."""
+def zero_splat(cg, v: ir.Value) -> bool:
+    d = cg.defs.get(id(v))
+    c = d is not None and d.kind == "splat" and cg.defs.get(id(d.args[0]))
+    return bool(c) and c.kind == "const" and c.attrs["value"] == 0
+
+
+def wait(cg, pending: int, regs: list[str], words: list[str] = ()) -> None:
+    """wgmma.wait_group: the accumulators of the groups waited for are final; the tensor cores write them behind
+    the compiler's back, so an empty asm that 'changes' each pins every read after the wait. A's words in registers
+    are pinned too: the compiler must not reuse them while the tensor cores may still read them."""
     cg.emit(f'asm volatile("wgmma.wait_group.sync.aligned {pending};" ::: "memory");')
-    if not pending:
-        cg.emit_all([f'asm volatile("" : "+f"({r}) :: "memory");' for r in regs], per_line=4)
+    cg.emit_all([f'asm volatile("" : "+f"({r}) :: "memory");' for r in regs] +
+                [f'asm volatile("" : "+r"({r}));' for r in words], per_line=4)
 
 
 def dot_wait(cg, op: ir.Op) -> None:
-    regs = cg.regs(op.args[0])
-    wait(cg, op.attrs["pending"], regs)
-    cg.vals[id(op.result)] = regs
+    """The pipeline's wait for its group k - 1 (pending 1, no "pin") pins nothing: group k, still in flight,
+    writes the same accumulator."""
+    accs = op.args[:len(op.results)]
+    regs = [r for a in accs for r in cg.regs(a)] if op.attrs.get("pin", not op.attrs["pending"]) else []
+    wait(cg, op.attrs["pending"], regs, [w for a in accs for w in cg.pinned.pop(id(a), [])])
+    for a, res in zip(accs, op.results):
+        cg.vals[id(res)] = cg.regs(a)

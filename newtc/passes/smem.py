@@ -116,6 +116,8 @@ def _effects(op: ir.Op) -> list:
         return []
     if kind == "dot" and "wgmma" in op.attrs:  # the tensor cores read B, and A unless it is in registers
         return [("ra", x) for x in op.args[:2] if isinstance(x.type.dtype, ir.Buffer)]
+    if kind == "dot_wait":  # the reads of the dots it waits for end here (passes.overlap)
+        return [("ra", x) for x in op.args if isinstance(x.type.dtype, ir.Buffer)]
     if op.args and op.args[-1] is not None and isinstance(op.args[-1].type.dtype, ir.Buffer):
         s = op.args[-1]  # a scratch buffer: written, then a barrier inside the op, then read back
         return [("w", s), ("sync",), ("r", s)]
