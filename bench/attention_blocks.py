@@ -27,10 +27,8 @@ def run(kinds, only: str | None = None):
         q, k, v, g = (torch.randn(b, h, n, d, device="cuda", dtype=torch.half) for _ in range(4))
         scale = 1 / math.sqrt(d)
         o, lse = ops._attention_forward(q, k, v, causal, scale)
-        delta, dq, dk, dv = torch.empty_like(lse), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        delta, dq, dk, dv = (o.float() * g.float()).sum(-1), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         flops = 4 * b * h * n * n * d / (2 if causal else 1)  # the forward's two matmuls
-        pre = ops._attention_blocks(d, n, n, "dq", arch)
-        mod.attention_bwd_pre[(-(-n // pre["BM"]), b * h)](o, g, delta, n, h, *strides(o, g), BM=pre["BM"], D=d)
 
         def launch(kind, c):
             """(kernel, grid, args, meta, FLOPs): dQ does 3 of the forward's matmuls per block pair, dK/dV 4."""
@@ -42,8 +40,8 @@ def run(kinds, only: str | None = None):
             if kind == "dkdv":
                 return mod.attention_bwd_dkdv, (-(-n // c["BN"]), b * h), (q, k, v, g, lse, delta, dk, dv, n, n, h, h,
                                                                            scale, *strides(q, k, v, g, dk, dv)), meta, 2 * flops
-            return mod.attention_bwd_dq, (-(-n // c["BM"]), b * h), (q, k, v, g, lse, delta, dq, n, n, h, h, scale,
-                                                                      *strides(q, k, v, g, dq)), meta, 1.5 * flops
+            return mod.attention_bwd_dq, (-(-n // c["BM"]), b * h), (q, k, v, o, g, lse, delta, dq, n, n, h, h, scale,
+                                                                      *strides(q, k, v, o, g, dq)), meta, 1.5 * flops
 
         for kind in kinds:
             base = ops._attention_blocks(d, n, n, kind, arch)

@@ -758,9 +758,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
 # Attention's blocks, (kernel, wgmma) -> head dim -> (held rows, streamed rows): measured on an H200 over blocks, warps
 # and stages (bench/attention_blocks.py; bench/RESULTS.md), for every head dim the kernels take. mma.sync (sm_80) keeps
 # the blocks that compile without spills there.
-ATTENTION_BLOCKS = {("fwd", True): {64: (64, 128), 128: (128, 64), 256: (64, 32)},
+ATTENTION_BLOCKS = {("fwd", True): {64: (64, 64), 128: (128, 64), 256: (64, 32)},
                     ("dq", True): {64: (64, 64), 128: (64, 64), 256: (64, 32)},
-                    ("dkdv", True): {64: (64, 64), 128: (64, 64), 256: (64, 32)},
+                    ("dkdv", True): {64: (64, 128), 128: (64, 64), 256: (64, 32)},
                     ("fwd", False): {64: (128, 64), 128: (128, 64), 256: (64, 32)},
                     ("dq", False): {64: (128, 64), 128: (128, 32), 256: (64, 16)},
                     ("dkdv", False): {64: (128, 32), 128: (64, 16), 256: (64, 16)}}
@@ -771,7 +771,7 @@ def _attention_blocks(d: int, rows: int, keys: int, kernel: str, arch: str) -> d
     """Blocks by head dim. The block a program holds (queries for the forward and dQ, keys for dK/dV) is 64 or
     128 rows (64: wgmma's M); the streamed block is as long as the other live tiles leave registers for: fewer
     as D grows. With wgmma (the streamed tiles come by TMA) dQ and dK/dV hold 64 rows, and so does the forward
-    but at D 128, where 128 rows share each K/V tile. The fewest warpgroups that keep the live f32 accumulators
+    but at D 128, where 128 rows share each K/V tile; dK/dV at D 64 streams 128 queries (measured, a few spills). The fewest warpgroups that keep the live f32 accumulators
     under WGMMA_ACC values a thread: the held [rows, D] tile (dK/dV: two) and the block's [rows, streamed] scores
     (S; dQ and dK/dV also dP). mma.sync holds its fragments in more registers: 8 warps. Two stages; three for
     mma.sync's forward at D 64 (a cp.async ring of two 128-key tiles: 3 beat 2 by 8% there). Blocks shrink to
@@ -824,18 +824,17 @@ def _attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: flo
 
 def _attention_backward(g: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool,
                         scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """delta = rowsum(dO * O), then dK and dV (a program per key block, summing the query heads of its group),
-    then dQ."""
+    """dQ (which also writes delta = rowsum(dO * O)), then dK and dV (a program per key block, summing the query
+    heads of its group)."""
     mod, g = _stdlib("attention"), _unit_last(g)
     (b, h, lq, d), (hk, lk) = q.shape, k.shape[1:3]
     dq, dk, dv = _like(q)[0], _like(k)[0], _like(v)[0]
     delta = torch.empty_like(lse)
     qcfg, kcfg = (_attention_blocks(d, lq, lk, kernel, _arch(q)) for kernel in ("dq", "dkdv"))
-    mod.attention_bwd_pre[(_cdiv(lq, qcfg["BM"]), b * h)](o, g, delta, lq, h, *_strides(o, g), BM=qcfg["BM"], D=d)
+    mod.attention_bwd_dq[(_cdiv(lq, qcfg["BM"]), b * h)](q, k, v, o, g, lse, delta, dq, lq, lk, h, hk, scale,
+                                                          *_strides(q, k, v, o, g, dq), CAUSAL=causal, **qcfg)
     mod.attention_bwd_dkdv[(_cdiv(lk, kcfg["BN"]), b * hk)](q, k, v, g, lse, delta, dk, dv, lq, lk, h, hk, scale,
                                                             *_strides(q, k, v, g, dk, dv), CAUSAL=causal, **kcfg)
-    mod.attention_bwd_dq[(_cdiv(lq, qcfg["BM"]), b * h)](q, k, v, g, lse, delta, dq, lq, lk, h, hk, scale,
-                                                          *_strides(q, k, v, g, dq), CAUSAL=causal, **qcfg)
     return dq, dk, dv
 
 

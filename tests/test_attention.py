@@ -80,21 +80,20 @@ def sdpa_grads(q, k, v, g, causal, scale=None):
 
 
 def backward(q, k, v, o, lse, g, causal):
-    """The three backward kernels as ops.attention launches them, on gradients poisoned with NaN."""
+    """The two backward kernels as ops.attention launches them, on gradients poisoned with NaN."""
     mod = newtc.load(data_dir("stdlib") / "attention.nk")
     (b, h, lq, d), hk, lk = q.shape, k.shape[1], k.shape[2]
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     delta = torch.full_like(lse, float("nan"))
     qcfg, kcfg = (ops._attention_blocks(d, lq, lk, kernel, ops._arch(q)) for kernel in ("dq", "dkdv"))
-    mod.attention_bwd_pre[(-(-lq // qcfg["BM"]), b * h)](o, g, delta, lq, h, *o.stride()[:3], *g.stride()[:3],
-                                                          BM=qcfg["BM"], D=d)
+    strides = [s for t in (q, k, v) for s in t.stride()[:3]]
+    mod.attention_bwd_dq[(-(-lq // qcfg["BM"]), b * h)](q, k, v, o, g, lse, delta, dq, lq, lk, h, hk, 1 / math.sqrt(d),
+                                                        *strides, *o.stride()[:3], *g.stride()[:3], *dq.stride()[:3],
+                                                        CAUSAL=causal, **qcfg)
     assert torch.allclose(delta, (o.float() * g.float()).sum(-1), rtol=1e-4, atol=1e-4)
-    strides = [s for t in (q, k, v, g) for s in t.stride()[:3]]
     mod.attention_bwd_dkdv[(-(-lk // kcfg["BN"]), b * hk)](q, k, v, g, lse, delta, dk, dv, lq, lk, h, hk,
-                                                            1 / math.sqrt(d), *strides, *dk.stride()[:3],
-                                                            *dv.stride()[:3], CAUSAL=causal, **kcfg)
-    mod.attention_bwd_dq[(-(-lq // qcfg["BM"]), b * h)](q, k, v, g, lse, delta, dq, lq, lk, h, hk, 1 / math.sqrt(d),
-                                                        *strides, *dq.stride()[:3], CAUSAL=causal, **qcfg)
+                                                            1 / math.sqrt(d), *strides, *g.stride()[:3],
+                                                            *dk.stride()[:3], *dv.stride()[:3], CAUSAL=causal, **kcfg)
     return dq, dk, dv
 
 
