@@ -37,6 +37,19 @@ kernel scaled(a, b, o, M, K, BM: constexpr, BK: constexpr, D: constexpr):
         y = load(b + rk[:, None] * D + rd[None, :], mask=rk[:, None] < K, other=0)
         acc = dot(x * 2, y, acc)
     store(o + rm[:, None] * D + rd[None, :], acc, mask=rm[:, None] < M)
+
+# O = A B + (A B^2 where flag > 0): on sm_90a both dots are in flight together and land before the branch.
+kernel branch(a, b, o, M, flag, BM: constexpr, K: constexpr, D: constexpr):
+    rm = program_id(0) * BM + arange(0, BM)
+    rk = arange(0, K)
+    rd = arange(0, D)
+    x = load(a + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0)
+    y = load(b + rk[:, None] * D + rd[None, :])
+    s = dot(x, y)
+    t = dot(x, y * y)
+    if flag > 0:
+        s = s + t
+    store(o + rm[:, None] * D + rd[None, :], s, mask=rm[:, None] < M)
 """
 
 TILES = [(64, 64), (128, 128)]  # (BM, BN)
@@ -94,6 +107,32 @@ def test_dot_of_elementwise_on_a_loaded_tile(mod, device, dtype, warps):
     ref = (2 * a.double()) @ b.double()
     err = ((o.double() - ref).norm() / ref.norm()).item()
     assert torch.isfinite(o).all() and err < 1e-5, err
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("flag", [0, 1])
+def test_dots_in_flight_land_before_a_branch(mod, device, flag):
+    m = 100 if device == "cpu" else 1000
+    a, b = torch.randn(m, K, device=device).half(), (torch.randn(K, D, device=device) / 2).half()
+    o = torch.full((m, D), float("nan"), device=device)
+    mod.branch[(-(-m // 64),)](a, b, o, m, flag, BM=64, K=K, D=D, num_warps=4)
+    ref = a.double() @ b.double() + flag * (a.double() @ (b * b).double())
+    err = ((o.double() - ref).norm() / ref.norm()).item()
+    assert torch.isfinite(o).all() and err < 1e-3, err
+
+
+def test_branch_waits_for_both_dots_on_sm90a(mod):
+    """passes.overlap: the two dots are issued back to back and one wait (nothing left pending) precedes the `if`
+    that reads the second; the generated source compiles."""
+    a, b = torch.randn(64, K).half(), torch.randn(K, D).half()
+    args, meta = (a, b, torch.empty(64, D), 64, 1), dict(BM=64, K=K, D=D, num_warps=4)
+    ops = mod.branch.output(args, meta, "ir", "sm_90a").kernel.body.ops
+    dots_ = [i for i, op in enumerate(ops) if op.kind == "dot"]
+    branch = next(i for i, op in enumerate(ops) if op.kind == "if")
+    wait = ops[branch - 1]
+    assert len(dots_) == 2 and all(ops[i].attrs.get("async") for i in dots_)
+    assert wait.kind == "dot_wait" and wait.attrs["pending"] == 0 and len(wait.results) == 2
+    assert "HGMMA" in mod.branch.sass(*args, arch="sm_90a", **meta)
 
 
 # ---- what the compiler makes of them (no GPU needed) -----------------------------------------------------------
