@@ -771,11 +771,12 @@ def _attention_blocks(d: int, rows: int, keys: int, kernel: str, arch: str) -> d
     """Blocks by head dim. The block a program holds (queries for the forward and dQ, keys for dK/dV) is 64 or
     128 rows (64: wgmma's M); the streamed block is as long as the other live tiles leave registers for: fewer
     as D grows. With wgmma (the streamed tiles come by TMA) dQ and dK/dV hold 64 rows, and so does the forward
-    but at D 128, where 128 rows share each K/V tile; dK/dV at D 64 streams 128 queries (measured, a few spills). The fewest warpgroups that keep the live f32 accumulators
-    under WGMMA_ACC values a thread: the held [rows, D] tile (dK/dV: two) and the block's [rows, streamed] scores
-    (S; dQ and dK/dV also dP). mma.sync holds its fragments in more registers: 8 warps. Two stages; three for
-    mma.sync's forward at D 64 (a cp.async ring of two 128-key tiles: 3 beat 2 by 8% there). Blocks shrink to
-    cover short sequences (16: a tensor-core step)."""
+    but at D 128, where 128 rows share each K/V tile; dK/dV at D 64 streams 128 queries (measured fastest,
+    with a few spills). The fewest warpgroups that keep the live f32 accumulators under WGMMA_ACC values a
+    thread: the held [rows, D] tile (dK/dV: two) and the block's [rows, streamed] scores (S; dQ and dK/dV also
+    dP). mma.sync holds its fragments in more registers: 8 warps. Two stages; three for mma.sync's forward at
+    D 64 (a cp.async ring of two 128-key tiles: 3 beat 2 by 8% there). Blocks shrink to cover short sequences
+    (16: a tensor-core step)."""
     wgmma = arch == "sm_90a"
     held, streamed = ATTENTION_BLOCKS[kernel, wgmma][d]
     tiles = (2, 2) if kernel == "dkdv" else (1, 2) if kernel == "dq" else (1, 1)  # held tiles, score tiles

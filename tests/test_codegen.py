@@ -158,7 +158,8 @@ def transpose_sig(dt):
 
 BWD = ("sm_80:HMMA", "sm_90a:HGMMA", "sm_80:LDGSTS", "sm_90a:UTMALDG", "BAR.SYNC")
 # the backward's specs that do not spill, by (kernel, D); the others are in ATTENTION_SPILLING
-BWD_ARCHS = {("attention_bwd_dkdv", 256): (), ("attention_bwd_dkdv", 64): ("sm_80",), ("attention_bwd_dq", 256): ("sm_90a",)}
+BWD_ARCHS = {("attention_bwd_dkdv", 256): (), ("attention_bwd_dkdv", 64): ("sm_80",),
+             ("attention_bwd_dq", 256): ("sm_90a",)}
 # (spec, arch) that compile and run on the tensor cores but spill, kept out of SPECS (whose test forbids it): dK/dV
 # at D 256 on both archs and dQ at D 256 on sm_80 (each holds two [rows, D] tiles beside its f32 accumulators), dK/dV
 # at D 128 causal on sm_80 and the forward at D 256 on sm_80 (mma.sync's fragments take more registers). On sm_90a the forward's blocks measured

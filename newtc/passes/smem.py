@@ -90,7 +90,7 @@ def plan_smem(k: ir.Kernel) -> ir.Kernel:
     return k
 
 
-def _effects(op: ir.Op) -> list:
+def effects(op: ir.Op) -> list:
     """The shared-memory accesses of an op, in order: ('r' | 'w', buffer), 'ra' | 'wa' through the async proxy (the
     tensor cores, TMA), ('sync',) for a barrier, ('fence',) for a proxy fence."""
     kind = op.kind
@@ -139,7 +139,7 @@ def _conflict(a: tuple, b: tuple) -> bool:
 def insert_barriers(k: ir.Kernel) -> ir.Kernel:
     defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
     # every access through the async proxy: generic accesses of the same bytes are fenced at the next barrier
-    asynchronous = {_access(e[0], e[1], defs) for op in ir.walk(k.body) for e in _effects(op) if e[0] in ("ra", "wa")}
+    asynchronous = {_access(e[0], e[1], defs) for op in ir.walk(k.body) for e in effects(op) if e[0] in ("ra", "wa")}
 
     def fenced(pending: frozenset, before: frozenset, out: list, span) -> frozenset:
         """At a barrier: a proxy fence first, by every thread, where generic accesses pending since `before` meet
@@ -168,7 +168,7 @@ def insert_barriers(k: ir.Kernel) -> ir.Kernel:
                 pending = frozenset().union(*(region(sub, pending, insert) for sub in op.regions))
             else:
                 before = pending  # a barrier inside the op comes after the op's own earlier accesses
-                for eff in _effects(op):
+                for eff in effects(op):
                     if eff[0] == "sync":
                         pending = fenced(pending, before, out, op.span)
                         pending = frozenset(p for p in pending if p[0] != "sync")
