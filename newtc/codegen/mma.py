@@ -99,7 +99,7 @@ def wgmma(cg, op: ir.Op) -> None:
     name = cg.array(res)
     # a zero accumulator is not copied in: the first K step ignores it (scale-d 0), and no register the tensor
     # cores write is a copy of one constant (ptxas would wait for an earlier group before reusing it)
-    zero = zero_splat(cg, acc)
+    zero = ir.is_zero(acc, cg.defs)
     if not zero:
         cg.emit_all([f"{name}[{i}] = {c};" for i, c in enumerate(cg.regs(acc))])
     out = by_coord(res.layout, [f"{name}[{i}]" for i in range(res.layout.nregs)])
@@ -143,12 +143,6 @@ def wgmma(cg, op: ir.Op) -> None:
     cg.emit('asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");')
     if not op.attrs.get("async"):  # else a dot_wait follows
         wait(cg, 0, list(out.values()))
-
-
-def zero_splat(cg, v: ir.Value) -> bool:
-    d = cg.defs.get(id(v))
-    c = d is not None and d.kind == "splat" and cg.defs.get(id(d.args[0]))
-    return bool(c) and c.kind == "const" and c.attrs["value"] == 0
 
 
 def wait(cg, pending: int, regs: list[str], words: list[str] = ()) -> None:

@@ -15,15 +15,9 @@ def fold_accumulators(k: ir.Kernel) -> ir.Kernel:
     defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
     readers = uses(k)
 
-    def zero(v: ir.Value) -> bool:
-        op = defs.get(id(v))
-        if op is not None and op.kind in ("splat", "broadcast"):
-            op = defs.get(id(op.args[0]))
-        return op is not None and op.kind == "const" and op.attrs["value"] == 0
-
     def foldable(d: ir.Value, x: ir.Value, r: ir.Region) -> ir.Op | None:
         dot = defs.get(id(d))
-        ok = dot is not None and dot.kind == "dot" and dot in r.ops and zero(dot.args[2]) and \
+        ok = dot is not None and dot.kind == "dot" and dot in r.ops and ir.is_zero(dot.args[2], defs) and \
             len(readers[id(d)]) == 1 and x.type == d.type
         return dot if ok else None
 

@@ -26,14 +26,6 @@ UNBOUNDED = 2**31 - 1  # the size of an unmasked axis in a tensor map: no start 
 LOW = {"const", "program_id", "num_programs", "add", "sub", "mul", "floordiv", "mod", "minimum", "maximum"}
 
 
-def zero(v: ir.Value | None, defs: dict) -> bool:
-    """The value is a constant 0 (a splat of one): what cp.async fills masked lanes with."""
-    while v is not None and defs.get(id(v)) is not None and defs[id(v)].kind in ("splat", "broadcast", "convert"):
-        v = defs[id(v)].args[0]
-    op = defs.get(id(v)) if v is not None else None
-    return v is None or (op is not None and op.kind == "const" and op.attrs["value"] == 0)
-
-
 class Pipeliner:
     def __init__(self, k: ir.Kernel):
         self.k = k
@@ -328,7 +320,7 @@ class Pipeliner:
             buf, val = op.args[0], op.args[1]
             load = self.defs.get(id(val))
             if (load is None or load.kind != "load" or id(val) not in inside or len(readers[id(val)]) != 1
-                    or not zero(load.args[2], self.defs) or id(buf) not in inside):
+                    or not (load.args[2] is None or ir.is_zero(load.args[2], self.defs)) or id(buf) not in inside):
                 continue
             reads = [u for u in readers[id(buf)] if u is not op]
 
