@@ -63,6 +63,7 @@ Made by the passes (the checker never emits them; the interpreter runs the IR be
                                                            which then leave); the consumers go on after it
   mbar_init (bars) attrs count; mbar_expect, tma_load, mbar_wait (bars, slot, parity[, valid]), mbar_inval (bars),
   mbar_arrive (bars, slot, cond)                           TMA rings' barriers (passes.pipeline)
+  tma_store   (buf, row, col, outer...)  attrs map, boxes  a staged tile copied to global memory by TMA
 reduce takes a scratch buffer as a second operand when warps meet along the axis; a scalar atomic
 takes one as its last operand (the old value reaches every thread through it).
 scan, exchange, gather and histogram take one as their last operand where data crosses warps.

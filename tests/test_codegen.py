@@ -788,7 +788,8 @@ def test_attention_streams_its_tiles_by_tma_on_sm_90a():
     """As ops launches it on sm_90a, the forward's K and V blocks (K read transposed: memory's rows are the tile's
     columns) are TMA copies through 4-D maps: D, the keys up to L_k, then the base's index * stride terms (the
     program's batch and K/V head, unbounded). The masked and unmasked loops share them; no cp.async is left. Each
-    element of a transposed box lands where the ring's layout puts it."""
+    element of a transposed box lands where the ring's layout puts it. O, staged in shared memory, goes out by TMA
+    through a map of the same form (its rows up to L_q)."""
     from newtc import ir
     from newtc.layout import _swizzle, inverse, to_flat, xor_span
     s = attention_launched("attention_fwd", "f16-d128", f16, 128, False, archs=("sm_90a",))[0]
@@ -798,7 +799,11 @@ def test_attention_streams_its_tiles_by_tma_on_sm_90a():
     assert out.kernel.tmaps == [
         {"itemsize": 2, "base": names.index(t), "dims": [["const", 128], ["arg", names.index("L_k")], big, big],
          "strides": [["arg", names.index(f"stride_{t}{d}")] for d in "nbh"], "box": [64, bn, 1, 1], "swizzle": 128}
-        for t in "kv"]
+        for t in "kv"] + [
+        {"itemsize": 2, "base": names.index("o"), "dims": [["const", 128], ["arg", names.index("L_q")], big, big],
+         "strides": [["arg", names.index(f"stride_o{d}")] for d in "mbh"], "box": [64, dict(s.consts)["BM"], 1, 1],
+         "swizzle": 128}]
+    assert [op.attrs["map"] for op in ir.walk(out.kernel.body) if op.kind == "tma_store"] == [2]
     assert "nk_cp_async<" not in out.cuda.source and "cp.async.bulk.tensor.4d" in out.cuda.source
     loads = [op for op in ir.walk(out.kernel.body) if op.kind == "tma_load"]
     assert {op.attrs["map"] for op in loads} == {0, 1}

@@ -169,32 +169,37 @@ def compiled(text: str, spec, until="cubin", kernel="matmul_kernel_with_descript
 
 
 def sass_ops(out) -> collections.Counter:
-    return collections.Counter(re.findall(r"\b(UTMALDG|SYNCS|HGMMA|LDGSTS|LDL|STL)\b",
+    return collections.Counter(re.findall(r"\b(UTMALDG|UTMASTG|SYNCS|HGMMA|LDGSTS|LDL|STL)\b",
                                           nvrtc.disassemble(out.binary.cubin)))
 
 
 def test_descriptor_matmul_loads_with_tma_on_sm_90a():
     """The same wgmma as the block-pointer tutorial, fed by TMA into the same swizzled ring: one map per operand
-    (A's box its whole 128x64 tile, B's four 64x64 panels of its 64x256 tile), one expect_tx per slot."""
+    (A's box its whole 128x64 tile, B's four 64x64 panels of its 64x256 tile), one expect_tx per slot; the output
+    tile, staged in shared memory, goes out by TMA too (four 128x64 boxes)."""
     spec = descriptor_spec("sm_90a")
     ref = compiled(TUTORIAL.read_text(), spec, "cuda", "matmul_kernel_with_block_pointers").cuda.source
     out = compiled(MATMUL, spec)
     src = out.cuda.source[out.cuda.source.index('extern "C"'):]  # the kernel, without the prelude
     wgmma = re.compile(r"wgmma\.[\w.]+")
     assert collections.Counter(wgmma.findall(src)) == collections.Counter(wgmma.findall(ref))
-    assert "nk_cp_async<" not in src and "cp.async.wait_group" not in src and src.count("const __grid_constant__") == 2
+    assert "nk_cp_async<" not in src and "cp.async.wait_group" not in src and src.count("const __grid_constant__") == 3
     names = [p.name for p in out.kernel.params]
     at = {n: ["arg", names.index(n)] for n in names}
     assert out.kernel.tmaps == [
         {"itemsize": 2, "base": 0, "dims": [at["K"], at["M"]], "strides": [at["stride_am"]], "box": [64, 128],
          "swizzle": 128},
         {"itemsize": 2, "base": 1, "dims": [at["N"], at["K"]], "strides": [at["stride_bk"]], "box": [64, 64],
+         "swizzle": 128},
+        {"itemsize": 2, "base": 2, "dims": [at["N"], at["M"]], "strides": [at["stride_cm"]], "box": [64, 128],
          "swizzle": 128}]
     assert src.rindex("mbarrier.init") < src.index("cp.async.bulk.tensor")  # made before the prologue's copies arm them
     # issued stages - 2 = 2 iterations ahead (one wgmma group stays in flight): twice in the prologue, once in the loop
     assert src.count("mbarrier.arrive.expect_tx") == 3 and src.count("(unsigned long long)&nk_map1") == 3 * 4
+    assert src.count("(unsigned long long)&nk_map2") == 4
     ops = sass_ops(out)
-    assert ops["UTMALDG"] and ops["SYNCS"] and ops["HGMMA"] and not ops["LDGSTS"] and not ops["LDL"] + ops["STL"]
+    assert ops["UTMALDG"] and ops["UTMASTG"] and ops["SYNCS"] and ops["HGMMA"] and not ops["LDGSTS"] and \
+        not ops["LDL"] + ops["STL"]
 
 
 @pytest.mark.parametrize("change, maps, cp_async", [
@@ -219,15 +224,18 @@ def test_tma_only_where_the_specialization_proves_it(change, maps, cp_async):
                                                                          "padding_option='nan')")
     assert text != MATMUL or change.endswith(("unaligned", "above 0"))
     out = compiled(text, spec)
-    assert [m["base"] for m in out.kernel.tmaps] == maps
+    bases, stored = [m["base"] for m in out.kernel.tmaps], change != "M not above 0"  # C's sizes must be above 0 too
+    assert [b for b in bases if b != 2] == maps and (2 in bases) == stored
     ops = sass_ops(out)
     assert bool(ops["UTMALDG"]) == bool(maps) and bool(ops["LDGSTS"]) == cp_async and ops["HGMMA"]
+    assert bool(ops["UTMASTG"]) == stored
 
 
 def test_proxy_fences_only_where_generic_accesses_meet_the_async_proxy():
     """TMA writes and wgmma reads are both the async proxy: the ring they share has no fence in the loop, where one
     that cp.async fills has one per iteration. A program that walks tiles stages each tile's output in bytes that the
-    next tile's ring reuses: a fence before the barrier that precedes the next tile's first copy."""
+    next tile's ring reuses: a fence before the barrier that precedes TMA's store of the staged tile, none before the
+    next tile's first copy (the store has read the bytes by then, and both are the async proxy)."""
     spec = descriptor_spec("sm_90a")
     tma = compiled(MATMUL, spec, "cuda").cuda.source
     mixed = compiled(MATMUL, dataclasses.replace(spec, aligned=tuple(a for a in spec.aligned if a != "a_ptr")),
@@ -241,9 +249,9 @@ def test_proxy_fences_only_where_generic_accesses_meet_the_async_proxy():
     text = (data_dir("stdlib") / "matmul.nk").read_text()
     out = compiler.compile(syntax.parse(text, "matmul.nk"), "matmul", walk, until="cuda")
     tile = loop_body(out.cuda.source, "t_")
-    copy = tile.index("cp.async.bulk.tensor")
-    assert "fence.proxy.async" not in loop_body(tile, "k_")
-    assert "__syncthreads" in tile[tile.rindex("fence.proxy.async", 0, copy):copy]
+    copy, store = tile.index("cp.async.bulk.tensor"), tile.index(".global.shared::cta.bulk_group")
+    assert "fence.proxy.async" not in loop_body(tile, "k_") and "fence.proxy.async" not in tile[:copy]
+    assert "__syncthreads" in tile[tile.rindex("fence.proxy.async", 0, store):store]
     staged = [op for op in ir.walk(out.kernel.body) if op.kind == "alloc" and not op.attrs.get("ring")]
     assert staged and min(op.attrs["offset"] for op in staged) < 65536  # the staging does overlap the ring
 
@@ -288,13 +296,15 @@ kernel mm(a, b, c, M, N, K, sam, sak, sbk, sbn, BM: constexpr, BN: constexpr, BK
     ("A transposed", [1], 0),  # its unit stride is along M
     ("K start shifted", [1], 0),  # the loop computes (k - 1), which may be below 0: no run-time check can cover it
     ("sizes not known positive", [], 0),
-    ("rows from a difference", [0, 1], 1),  # a start not proven at or above 0: checked once, before the loop
-    ("rows from a difference, bounded below", [0, 1], 0),  # `rm >= 0` in the mask: what TMA checks too
+    ("rows from a difference", [0, 1], 2),  # a start not proven at or above 0: checked once, before the loop (and
+    # before the store of C)
+    ("rows from a difference, bounded below", [0, 1], 0),  # `rm >= 0` in the masks: what TMA checks too
 ])
 def test_pointer_tiles_load_with_tma_where_they_read_as_descriptors(change, maps, checks):
     """On sm_90a a pointer load base + rows * stride + columns, masked by its bounds (or unmasked) on each axis, is the
     tile of a descriptor (its maps as the descriptor kernel's), when the sizes and row stride are specialized above 0
-    and its starts are known to be at or above 0 (else checked at run time where the loop does not compute them)."""
+    and its starts are known to be at or above 0 (else checked at run time where the loop does not compute them).
+    So is the store of C (map 2), from the tile it stages in shared memory."""
     text = POINTER_MATMUL
     a_mask = "mask=(rm[:, None] < M) & ((k + rk)[None, :] < K)"
     rows = ("rm = program_id(0) * BM", "rm = (program_id(0) - 1) * BM + BM")
@@ -315,12 +325,14 @@ def test_pointer_tiles_load_with_tma_where_they_read_as_descriptors(change, maps
                             ones=["sbn"] + ([] if change == "A transposed" else ["sak"]),
                             positive=[] if change == "sizes not known positive" else ints)
     out = compiled(text, spec, kernel="mm")
-    assert [m["base"] for m in out.kernel.tmaps] == maps
+    bases, stored = [m["base"] for m in out.kernel.tmaps], change != "sizes not known positive"
+    assert [b for b in bases if b != 2] == maps and (2 in bases) == stored
     assert sum(op.kind == "assert" for op in ir.walk(out.kernel.body)) == checks
     if change == "no K bound on A":
         assert out.kernel.tmaps[0]["dims"] == [["const", 2**31 - 1], ["arg", 3]]
     ops = sass_ops(out)
     assert bool(ops["UTMALDG"]) == bool(maps) and bool(ops["LDGSTS"]) == (len(maps) < 2) and ops["HGMMA"]
+    assert bool(ops["UTMASTG"]) == stored
     sass = nvrtc.disassemble(out.binary.cubin)  # the check traps: a call (an assert's) would serialize the wgmmas
     assert "CALL" not in sass and sass.count("WARPGROUP.ARRIVE") < ops["HGMMA"] and ("TRAP" in sass) == bool(checks)
     if not change:  # the descriptor kernel's maps: the same tiles of the same tensors
@@ -349,7 +361,8 @@ TMA_CASES = {  # (M, N, K, BM, BN, BK, warps, stages)
 @pytest.mark.parametrize("skew", [0, 1])
 def test_tma_matmul_zero_fills_ragged_edges(device, dtype, skew):
     """Ragged M, N and K with NaN just past every edge: TMA's out-of-bounds boxes must load zeros (skew 0, both operands
-    by TMA on sm_90a), and views that are not 16-byte aligned take the cp.async path and are as right (skew 1)."""
+    by TMA on sm_90a), and views that are not 16-byte aligned take the cp.async path and are as right (skew 1). C is
+    stored by TMA where its rows are 16-byte aligned, and TMA must drop what lies past its edges."""
     for m, n, k, bm, bn, bk, warps, stages in TMA_CASES[device]:
         a, b = padded(m, k, dtype, device, skew), padded(k, n, dtype, device, skew)
         c = torch.full((m, n), float("nan"), device=device, dtype=dtype)
@@ -357,7 +370,8 @@ def test_tma_matmul_zero_fills_ragged_edges(device, dtype, skew):
         meta = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8, num_warps=warps,
                     num_stages=stages)
         kernel = KERNELS.matmul_kernel_with_descriptors
-        assert len(kernel.output(args, meta, "ir", "sm_90a").kernel.tmaps) == (0 if skew else 2)
+        maps = [t["base"] for t in kernel.output(args, meta, "ir", "sm_90a").kernel.tmaps]
+        assert maps == [0, 1][:0 if skew else 2] + [2] * (c.stride(0) * c.element_size() % 16 == 0)
         kernel[(cdiv(m, bm) * cdiv(n, bn),)](*args, **meta)
         ref = a.double() @ b.double()
         err = ((c.double() - ref).norm() / ref.norm()).item()
@@ -380,7 +394,7 @@ def test_the_launcher_encodes_each_tensor_map_from_the_arguments(monkeypatch):
 
     def launch(buf, func, params, extra):
         launches.append([ctypes.string_at(params[i], 8) for i in range(12)] +
-                        [ctypes.string_at(params[i], 128) for i in (12, 13)])
+                        [ctypes.string_at(params[i], 128) for i in (12, 13, 14)])
         return 0
     monkeypatch.setattr(jit.driver, "_cuda", Driver)
     monkeypatch.setattr(jit.driver, "load_module", lambda cubin: 1)
@@ -395,11 +409,13 @@ def test_the_launcher_encodes_each_tensor_map_from_the_arguments(monkeypatch):
         run(0, [a, b, c, rows, n, k, k + 16, 1, n, 1, n, 1], 9)
     assert encoded == [(0, 1, 2, a, [k, m], [2 * (k + 16)], [64, 128], [1, 1], 0, 3, 0),
                        (0, 1, 2, b, [n, k], [2 * n], [64, 64], [1, 1], 0, 3, 0),
+                       (0, 1, 2, c, [n, m], [2 * n], [64, 128], [1, 1], 0, 3, 0),
                        (0, 1, 2, a, [k, m + 24], [2 * (k + 16)], [64, 128], [1, 1], 0, 3, 0),
-                       (0, 1, 2, b, [n, k], [2 * n], [64, 64], [1, 1], 0, 3, 0)]
+                       (0, 1, 2, b, [n, k], [2 * n], [64, 64], [1, 1], 0, 3, 0),
+                       (0, 1, 2, c, [n, m + 24], [2 * n], [64, 128], [1, 1], 0, 3, 0)]
     assert [struct.unpack("<Q", x[0])[0] for x in launches] == [a] * 3
     assert [struct.unpack("<i", x[3][:4])[0] for x in launches] == [m, m, m + 24]
-    assert [(x[12][0], x[13][0]) for x in launches] == [(1, 2), (1, 2), (3, 4)]
+    assert [(x[12][0], x[13][0], x[14][0]) for x in launches] == [(1, 2, 3), (1, 2, 3), (4, 5, 6)]
 
 
 @pytest.mark.parametrize("device", devices())
@@ -447,10 +463,15 @@ def test_stdlib_matmul_tma_matches_torch(device, dtype, name, ws):
                                                                                         *c.stride())
         args, meta = (a, b, c, m, n, k, *strides), dict(GROUP_M=8, WS=ws, **cfg)
         out = kernel.output(args, meta, "cubin", "sm_90a")
-        assert [t["base"] for t in out.kernel.tmaps] == [0, 1]
+        staged = cfg["BM"] >= 64  # wgmma's tile reaches C through a staging buffer, which TMA copies out
+        assert [t["base"] for t in out.kernel.tmaps] == [0, 1, 2][:2 + staged]  # A and B loaded, C stored
         sass = nvrtc.disassemble(out.binary.cubin)
-        assert "UTMALDG" in sass and ("USETMAXREG" in sass) == (ws and cfg["BM"] >= 64), cfg
+        assert "UTMALDG" in sass and ("UTMASTG" in sass) == staged, cfg
+        assert ("USETMAXREG" in sass) == (ws and cfg["BM"] >= 64), cfg
         kernel[(cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"]),)](*args, **meta)
         ref = a.double() @ b.double()
         err = ((c.double() - ref).norm() / ref.norm()).item()
         assert torch.isfinite(c).all() and err < 1e-2, (m, n, k, dtype, err)
+        past = torch.ones_like(c._base, dtype=torch.bool)
+        past[:m, :n] = False
+        assert c._base[past].isnan().all(), "a store wrote past C's edges"

@@ -98,10 +98,12 @@ def wgmma(cg, op: ir.Op) -> None:
     shared_a = isinstance(a.type.dtype, ir.Buffer)
     name = cg.array(res)
     # a zero accumulator is not copied in: the first K step ignores it (scale-d 0), and no register the tensor
-    # cores write is a copy of one constant (ptxas would wait for an earlier group before reusing it)
+    # cores write is a copy of one constant (ptxas would wait for an earlier group before reusing it); each
+    # register is defined by an asm of its own instead, which leaves it as it was
     zero = ir.is_zero(acc, cg.defs)
-    if not zero:
-        cg.emit_all([f"{name}[{i}] = {c};" for i, c in enumerate(cg.regs(acc))])
+    regs = [f'asm volatile("" : "=f"({name}[{i}]));' for i in range(res.layout.nregs)] if zero else \
+        [f"{name}[{i}] = {c};" for i, c in enumerate(cg.regs(acc))]
+    cg.emit_all(regs, per_line=4 if zero else 8)
     out = by_coord(res.layout, [f"{name}[{i}]" for i in range(res.layout.nregs)])
     origins = [to_coord(res.layout.shape, w) for w in res.layout.warp[2:]]  # the warpgroup bits' (row, col)
 

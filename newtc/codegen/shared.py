@@ -233,19 +233,41 @@ def mbar_expect(cg, op: ir.Op) -> None:
             f'[%0], %1;" :: "r"({mbarrier(cg, bars, slot)}), "r"({op.attrs["bytes"]}) : "memory");')
 
 
+def tensor_copies(cg, op: ir.Op, buf: ir.Value, row: ir.Value, col: ir.Value, outer: list, text: str,
+                  extra: tuple = ()) -> str:
+    """One cp.async.bulk.tensor per box of the tile. Its asm operands: %0 the map, %1 the box in shared memory, %2...
+    its coordinates (the tile's (row, column) plus the box's, then the map's outer indices, innermost first), then
+    `extra`; `text` is the instruction, {rank}, {coords} and {next} (the operand after the coordinates) filled in."""
+    rank, base = 2 + len(outer), f"nk_sbase + {buffer_base(cg, buf)}"
+    text = text.format(rank=rank, coords=", ".join(f"%{k}" for k in range(2, 2 + rank)), next=2 + rank)
+    copies = []
+    for r, c, a in op.attrs["boxes"]:
+        coords = [f"{cg.scalar(col)} + {c}", f"{cg.scalar(row)} + {r}", *(cg.scalar(v) for v in outer)]
+        operands = [f'"l"((unsigned long long)&nk_map{op.attrs["map"]})', f'"r"({base} + {a})',
+                    *(f'"r"((int)({x}))' for x in coords), *(f'"r"({e})' for e in extra)]
+        copies.append(f'asm volatile("{text}" :: {", ".join(operands)} : "memory");')
+    return " ".join(copies)
+
+
 def tma_load(cg, op: ir.Op) -> None:
-    """One cp.async.bulk.tensor per box of the tile, at the tile's (row, column) plus the box's, then the map's outer
-    indices; coordinates go innermost first, and what lies out of bounds is written as zeros."""
+    """The tile's boxes copied into its slot, completing on the slot's barrier; what lies out of bounds is written as
+    zeros."""
     view, bars, slot, valid, row, col, *outer = op.args
-    bar, base = mbarrier(cg, bars, slot), f"nk_sbase + {buffer_base(cg, view)}"
-    rank, coords = 2 + len(outer), [cg.scalar(v) for v in outer]
-    at = ", ".join(f"%{k}" for k in range(2, 2 + rank))
-    copies = [f'asm volatile("cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], '
-              f'[%1, {{{at}}}], [%{2 + rank}];" :: "r"({base} + {a}), "l"((unsigned long long)&nk_map{op.attrs["map"]}), '
-              + "".join(f'"r"((int)({x})), ' for x in [f"{cg.scalar(col)} + {c}", f"{cg.scalar(row)} + {r}", *coords])
-              + f'"r"({bar}) : "memory");'
-              for r, c, a in op.attrs["boxes"]]
-    cg.emit(f"if ({cg.issuer} && {cg.scalar(valid)}) {{ {' '.join(copies)} }}")
+    copies = tensor_copies(cg, op, view, row, col, outer, "cp.async.bulk.tensor.{rank}d.shared::cluster.global."
+                           "mbarrier::complete_tx::bytes [%1], [%0, {{{coords}}}], [%{next}];",
+                           (mbarrier(cg, bars, slot),))
+    cg.emit(f"if ({cg.issuer} && {cg.scalar(valid)}) {{ {copies} }}")
+
+
+def tma_store(cg, op: ir.Op) -> None:
+    """Thread 0 copies the buffer's boxes out (TMA drops what lies out of bounds), commits them as a bulk group and
+    waits until they have read shared memory: after the next barrier the buffer may be written again. The global
+    writes complete behind."""
+    buf, row, col, *outer = op.args
+    copies = tensor_copies(cg, op, buf, row, col, outer,
+                           "cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group [%0, {{{coords}}}], [%1];")
+    cg.emit(f'if ({cg.issuer}) {{ {copies} asm volatile("cp.async.bulk.commit_group;" ::: "memory"); '
+            f'asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }}')
 
 
 def mbar_wait(cg, op: ir.Op) -> None:

@@ -117,15 +117,36 @@ class Pipeliner:
         and every row 16-byte aligned by the specialization, the ring's layout one that TMA writes. Its tensor map is
         added to the kernel's, and to `checks` the run-time checks of starts not proven at or above 0, for a loop that
         `runs` (a start the loop computes must be proven); None keeps the cp.async copy."""
-        desc, unproven = (load.attrs["desc"], []) if "desc" in load.attrs else self.tile(load) or (None, [])
-        if desc is None or not self.k.spec.arch.startswith("sm_90") or \
-                any(not isinstance(v, ir.Value) or id(v) in inside for v in unproven):
+        desc, unproven = (load.attrs["desc"], []) if "desc" in load.attrs else \
+            self.tile(load.args[0], load.args[1], load.result.type.shape) or (None, [])
+        if desc is None or any(not isinstance(v, ir.Value) or id(v) in inside for v in unproven):
             return None
+        plan = self.tensor_map(desc, store.args[0].layout, store.args[0].type.dtype.elem.itemsize)
+        if plan is None:
+            return None
+        load.attrs["desc"] = desc  # the copies of later iterations read its starts
+        self.check_starts(checks, unproven, runs, "reads", load.span)
+        return plan
+
+    def check_starts(self, out: list, starts: list, runs: ir.Value | None, what: str, span) -> None:
+        """Traps where a start TMA takes is below 0 (where its bounds check and the mask would disagree), unless
+        `runs` is false (a loop that does not run)."""
+        for v in starts:
+            ok = self.scalar(out, "ge", [v, self.const(out, 0, v.type.dtype, span)], bool_, span)
+            if runs is not None:
+                ok = self.scalar(out, "or", [ok, self.scalar(out, "not", [runs], bool_, span)], bool_, span)
+            msg = f"a tile that TMA {what} starts below 0: add `index >= 0` to the mask"
+            out.append(ir.Op("assert", [ok, None], [], {"msg": msg, "trap": True}, span))
+
+    def tensor_map(self, desc: tuple, lay, item: int) -> dict | None:
+        """The tensor map through which TMA copies a descriptor's tile between global memory and a shared tile of
+        layout `lay`, added to the kernel's, and the boxes of the copy; None where TMA cannot: before sm_90, where
+        the base, shape and row stride are not parameters or constants, the sizes and stride above 0 and the base
+        and every row 16-byte aligned by the specialization, or where no swizzle mode matches the layout."""
         base, shape, strides, _, outer, flipped = desc
-        item, lay = store.args[0].type.dtype.elem.itemsize, store.args[0].layout
         if flipped:  # TMA writes memory's rows: the tile's columns
             lay = remap(lay, lay.shape[::-1], lambda c: c[::-1])
-        boxes = tma_boxes(lay, item) if len(shape) == 2 else None
+        boxes = tma_boxes(lay, item) if len(shape) == 2 and self.k.spec.arch.startswith("sm_90") else None
         refs = [self.ref(v) for v in (base, *shape, strides[0], *(st for _, st in outer))]
 
         def aligned(r: tuple, unit: int) -> bool:
@@ -136,13 +157,6 @@ class Pipeliner:
         if boxes is None or None in refs or refs[0][0] != "arg" or not aligned(refs[0], 1) \
                 or not all(aligned(r, item) for r in refs[3:]) or not all(map(positive, refs[1:])):
             return None
-        load.attrs["desc"] = desc  # the copies of later iterations read its starts
-        for v in unproven:
-            zero = self.const(checks, 0, v.type.dtype, load.span)
-            ok = self.scalar(checks, "or", [self.scalar(checks, "ge", [v, zero], bool_, load.span),
-                                            self.scalar(checks, "not", [runs], bool_, load.span)], bool_, load.span)
-            msg = "a tile that TMA reads starts below 0: add `index >= 0` to the load's mask"
-            checks.append(ir.Op("assert", [ok, None], [], {"msg": msg, "trap": True}, load.span))
         mode, (height, width), at = boxes
         tmap = {"itemsize": item, "base": refs[0][1],  # innermost first, as JSON reads it
                 "dims": [list(refs[2]), list(refs[1])] + [["const", UNBOUNDED]] * len(outer),
@@ -150,6 +164,37 @@ class Pipeliner:
         if tmap not in self.k.tmaps:  # loops over the same tensor (a masked and an unmasked one) share its map
             self.k.tmaps.append(tmap)
         return {"map": self.k.tmaps.index(tmap), "boxes": at}
+
+    def stores(self, r: ir.Region) -> bool:
+        """On sm_90, a global store of a tile read back whole from a conversion's buffer (an epilogue's staging),
+        whose pointers and mask read as a descriptor's (`tile`), becomes a TMA
+        store of that buffer (`tma_store`): thread 0 copies its boxes out and waits until they have read shared
+        memory; the writes to global memory go on behind. The read-back and the masked stores go. Starts not proven
+        at or above 0 are checked at run time (`check_starts`). Whether any store changed."""
+        changed = False
+        out: list[ir.Op] = []
+        for op in r.ops:
+            for sub in op.regions:
+                changed |= self.stores(sub)
+            src = self.defs.get(id(op.args[1])) if op.kind == "store" and op.args[1].type.shape else None
+            buf = src.args[0] if src is not None and src.kind == "local_load" else None
+            root = self.defs.get(id(buf)) if buf is not None else None
+            found = self.tile(op.args[0], op.args[2], buf.type.shape) if root is not None and root.kind == "alloc" \
+                and not root.attrs.get("ring") and src.result.type.shape == buf.type.shape \
+                and not any(src.attrs["start"]) and buf.type.dtype.elem == op.args[0].type.dtype.elem else None
+            plan = self.tensor_map(found[0], buf.layout, buf.type.dtype.elem.itemsize) if found is not None and \
+                all(isinstance(v, ir.Value) for v in found[1]) else None
+            if plan is None:
+                out.append(op)
+                continue
+            self.check_starts(out, found[1], None, "writes", op.span)
+            _, _, _, starts, outer, _ = found[0]
+            at = [v if isinstance(v, ir.Value) else self.const(out, v, i32, op.span)
+                  for v in (*starts, *(i for i, _ in outer))]
+            out.append(ir.Op("tma_store", [buf, *at], [], plan, op.span))
+            changed = True
+        r.ops = out
+        return changed
 
     def low(self, v) -> int | None:
         """A lower bound of an integer scalar (parameters are above 0 where the specialization says so, a loop variable
@@ -182,18 +227,17 @@ class Pipeliner:
                 "floordiv": lambda: (a // c.attrs["value"] if c is not None and c.kind == "const" else 0) if b > 0
                 else None}[op.kind]()
 
-    def tile(self, load: ir.Op) -> tuple | None:
-        """A 2-D pointer load read as a descriptor, (base, shape, strides, starts, outer, flipped), and the starts to
-        check at run time: pointers base + (r0 + arange) * s + (c0 + arange) (s a parameter or constant, the column
-        step 1), masked by `r < M` and `c < N` (M, N parameters or constants) or not at all on an axis (a size TMA never
+    def tile(self, ptr: ir.Value, mask: ir.Value | None, shape: tuple) -> tuple | None:
+        """A 2-D pointer load (or store) of `shape` read as a descriptor, (base, shape, strides, starts, outer,
+        flipped), and the starts to check at run time: pointers base + (r0 + arange) * s + (c0 + arange) (s a
+        parameter or constant, the column step 1), masked by `r < M` and `c < N` (M, N parameters or constants) or not at all on an axis (a size TMA never
         reaches), are what TMA's bounds check reads, given starts at or above 0: proven (`low`), or bounded by `r >= 0`
         in the mask too, or else to be checked. The unit step may be along the tile's rows (`flipped`: memory's rows
         are the tile's columns, a transposed operand). A base of parameter + index * stride terms (a program's batch
         and head) gives the map `outer` dimensions, (index, stride) each, that no mask bounds. None if the load is
         not such a tile."""
-        shape = load.result.type.shape
-        found = self.pointer(load.args[0]) if len(shape) == 2 else None
-        bounds = ([] if load.args[1] is None else self.bounds(load.args[1])) if found else None
+        found = self.pointer(ptr) if len(shape) == 2 else None
+        bounds = ([] if mask is None else self.bounds(mask)) if found else None
         root = self.root(found[0]) if bounds is not None else None
         if root is None:
             return None
@@ -591,12 +635,13 @@ def replace_uses(op: ir.Op, old: ir.Value, new: ir.Value) -> None:
 
 
 def remove_dead(r: ir.Region, readers: dict) -> bool:
-    """Drop pure ops whose results nobody reads (the address ops of a load the pipeline replaced)."""
+    """Drop pure ops whose results nobody reads (the address ops of a load the pipeline replaced, the read-back of
+    a tile TMA stores)."""
     changed = False
     for op in r.ops:
         for sub in op.regions:
             changed |= remove_dead(sub, readers)
-    keep = [op for op in r.ops if not (op.kind in PURE | {"splat"} and op.results
+    keep = [op for op in r.ops if not (op.kind in PURE | {"splat", "local_load"} and op.results
                                          and all(not readers.get(id(v)) for v in op.results))]
     changed |= len(keep) != len(r.ops)
     r.ops = keep
@@ -604,8 +649,10 @@ def remove_dead(r: ir.Region, readers: dict) -> bool:
 
 
 def pipeline(k: ir.Kernel) -> ir.Kernel:
-    if any(op.attrs.get("num_stages", k.spec.num_stages) >= 2 for op in ir.walk(k.body) if op.kind == "for"):
+    loops = any(op.attrs.get("num_stages", k.spec.num_stages) >= 2 for op in ir.walk(k.body) if op.kind == "for")
+    if loops:
         Pipeliner(k).region(k.body)
+    if Pipeliner(k).stores(k.body) or loops:
         while remove_dead(k.body, uses(k)):
             pass
         analyze_axes(k)  # facts for the masks and addresses of later iterations

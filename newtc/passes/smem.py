@@ -92,7 +92,8 @@ def plan_smem(k: ir.Kernel) -> ir.Kernel:
 
 def effects(op: ir.Op) -> list:
     """The shared-memory accesses of an op, in order: ('r' | 'w', buffer), 'ra' | 'wa' through the async proxy (the
-    tensor cores, TMA), ('sync',) for a barrier, ('fence',) for a proxy fence."""
+    tensor cores, TMA), 'rb' | 'wb' of mbarriers (ordered by CTA barriers like any access, but by the mbarrier's
+    own semantics across proxies: never fenced), ('sync',) for a barrier, ('fence',) for a proxy fence."""
     kind = op.kind
     if kind in ("local_store", "async_copy"):
         return [("w", op.args[0])]
@@ -100,14 +101,16 @@ def effects(op: ir.Op) -> list:
         return [("r", op.args[0])]
     if kind == "tma_load":  # the copy writes its slot through the async proxy
         return [("wa", op.args[0])]
+    if kind == "tma_store":  # and this one reads its buffer, done by the time the issuing thread passes it
+        return [("ra", op.args[0])]
     if kind == "mbar_expect":  # the arrival writes the slot's barrier
-        return [("w", op.args[0])]
+        return [("wb", op.args[0])]
     if kind == "mbar_wait":
-        return [("r", op.args[0])]
+        return [("rb", op.args[0])]
     if kind == "mbar_init":  # then a barrier inside the op
-        return [("w", op.args[0]), ("sync",)]
+        return [("wb", op.args[0]), ("sync",)]
     if kind == "mbar_inval":  # after a barrier inside the op
-        return [("sync",), ("w", op.args[0])]
+        return [("sync",), ("wb", op.args[0])]
     if kind == "barrier":
         return [("sync",)]
     if kind == "fence_async":
@@ -127,7 +130,7 @@ def effects(op: ir.Op) -> list:
 def _access(kind: str, buf: ir.Value, defs: dict) -> tuple:
     op = ir.root_buffer(buf, defs)  # a slot counts as its whole ring
     lo = op.attrs["offset"]
-    return lo, lo + ir.buffer_bytes(op.result), kind in ("w", "wa"), id(op) if op.attrs.get("ring") else None
+    return lo, lo + ir.buffer_bytes(op.result), kind in ("w", "wa", "wb"), id(op) if op.attrs.get("ring") else None
 
 
 def _conflict(a: tuple, b: tuple) -> bool:
@@ -186,7 +189,7 @@ def insert_barriers(k: ir.Kernel) -> ir.Kernel:
                     if conflicts:
                         out.append(ir.Op("barrier", [], [], {}, op.span))
                         pending = frozenset(p for p in pending if p[0] == "fence")
-                    pending = pending | {("sync", acc)} | (frozenset() if proxy else {("fence", acc)})
+                    pending = pending | {("sync", acc)} | ({("fence", acc)} if eff[0] in ("r", "w") else frozenset())
             out.append(op)
         if insert:
             r.ops = out
