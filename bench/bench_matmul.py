@@ -2,8 +2,10 @@
 Triton (its tutorial kernel, autotuned over the tutorial's configurations) vs cuBLAS (torch.matmul), f16 and bf16,
 TFLOP/s.
 
-    python bench/bench_matmul.py [--quick] [--sweep]
+    python bench/bench_matmul.py [--quick] [--sweep] [--shapes]
 
+--shapes times ops.matmul, Triton and cuBLAS on shapes off the bench (OFF_BENCH: small, ragged, skinny, long K, rows
+not 16-byte aligned), f16 (and every third in bf16): where _matmul_config's choice of tile must hold up.
 --sweep also times newt's kernel over a grid of tile configurations on 4096^3 and, without --quick, on the LLM shape
 16384x4096x4096 (to tune ops._matmul_config):
 warp-specialized (ws) or not, a program per tile or persistent (a program per SM walking the tiles).
@@ -19,6 +21,11 @@ import common
 from common import Table, check_close, measure_all, ratio
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096), (16, 4096, 4096)]
+OFF_BENCH = [(256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (3072, 3072, 3072),
+             (1000, 1000, 1000), (1001, 1001, 1001), (4097, 4097, 4097), (333, 4096, 1000), (1, 4096, 4096),
+             (64, 4096, 4096), (128, 11008, 4096), (512, 4096, 11008), (2048, 14336, 4096), (4096, 1024, 4096),
+             (8192, 128, 8192), (128, 8192, 8192), (512, 512, 16384), (4096, 4096, 64), (16384, 5120, 5120),
+             (4096, 4096, 4104), (4104, 4104, 4096)]
 
 
 def triton_matmul():
@@ -97,33 +104,42 @@ def close(ref):
     return lambda out: check_close(out.float(), ref, rtol=2e-2, atol=atol)
 
 
-def run(quick: bool, sweep: bool = False):
+def run(quick: bool, sweep: bool = False, shapes: bool = False):
     import torch
-    from newtc import ops
     try:
         tmm = triton_matmul()
     except ImportError:
         tmm = None
-    rows = []
-    for dtype in (torch.float16, torch.bfloat16):
-        for m, n, k in SHAPES[:2] if quick else SHAPES:
-            a = torch.randn(m, k, device="cuda", dtype=dtype)
-            b = torch.randn(k, n, device="cuda", dtype=dtype)
-            fns = {"newt": lambda: ops.matmul(a, b), "TMA": lambda: tma_matmul(a, b), "cuBLAS": lambda: a @ b}
-            if tmm:
-                fns["Triton"] = lambda: tmm(a, b)
-            times = measure_all(fns, close(a.float() @ b.float()), quick)
-            t_newt, t_tma, t_tri, t_cub = (times.get(name, "n/a") for name in ("newt", "TMA", "Triton", "cuBLAS"))
-            rows.append({"kernel": f"matmul {str(dtype)[6:]}", "shape": f"{m}x{n}x{k}",
-                         "newt TFLOP/s": tflops(m, n, k, t_newt), "newt TMA TFLOP/s": tflops(m, n, k, t_tma),
-                         "Triton TFLOP/s": tflops(m, n, k, t_tri),
-                         "cuBLAS TFLOP/s": tflops(m, n, k, t_cub), "newt/Triton": ratio(t_tri, t_newt),
-                         "newt/cuBLAS": ratio(t_cub, t_newt), "TMA/newt": ratio(t_newt, t_tma),
-                         "TMA/Triton": ratio(t_tri, t_tma)})
-            print(rows[-1], flush=True)
-    yield Table("matmul (TFLOP/s; ratios are speed: above 1, newt is faster)", rows)
+    cases = [(dtype, shape) for dtype in (torch.float16, torch.bfloat16) for shape in (SHAPES[:2] if quick else SHAPES)]
+    yield products("matmul (TFLOP/s; ratios are speed: above 1, newt is faster)", cases, tmm, quick)
+    if shapes:
+        cases = [(torch.float16, s) for s in OFF_BENCH] + [(torch.bfloat16, s) for s in OFF_BENCH[::3]]
+        yield products("matmul off the bench (ops.matmul's tiles by shape, TFLOP/s)", cases, tmm, quick)
     if sweep:
         yield sweep_configs(quick, SHAPES[:1] if quick else [SHAPES[0], SHAPES[2]])
+
+
+def products(title: str, cases: list, tmm, quick: bool) -> Table:
+    """newt (ops.matmul, and the descriptor kernel), Triton and cuBLAS on each (dtype, (m, n, k)), interleaved."""
+    import torch
+    from newtc import ops
+    rows = []
+    for dtype, (m, n, k) in cases:
+        a = torch.randn(m, k, device="cuda", dtype=dtype)
+        b = torch.randn(k, n, device="cuda", dtype=dtype)
+        fns = {"newt": lambda: ops.matmul(a, b), "TMA": lambda: tma_matmul(a, b), "cuBLAS": lambda: a @ b}
+        if tmm:
+            fns["Triton"] = lambda: tmm(a, b)
+        times = measure_all(fns, close(a.float() @ b.float()), quick)
+        t_newt, t_tma, t_tri, t_cub = (times.get(name, "n/a") for name in ("newt", "TMA", "Triton", "cuBLAS"))
+        rows.append({"kernel": f"matmul {str(dtype)[6:]}", "shape": f"{m}x{n}x{k}",
+                     "newt TFLOP/s": tflops(m, n, k, t_newt), "newt TMA TFLOP/s": tflops(m, n, k, t_tma),
+                     "Triton TFLOP/s": tflops(m, n, k, t_tri),
+                     "cuBLAS TFLOP/s": tflops(m, n, k, t_cub), "newt/Triton": ratio(t_tri, t_newt),
+                     "newt/cuBLAS": ratio(t_cub, t_newt), "TMA/newt": ratio(t_newt, t_tma),
+                     "TMA/Triton": ratio(t_tri, t_tma)})
+        print(rows[-1], flush=True)
+    return Table(title, rows)
 
 
 def sweep_configs(quick: bool, shapes: list) -> Table:
@@ -168,10 +184,11 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--shapes", action="store_true")
     args = p.parse_args()
     if not common.cuda_available():
         print("no CUDA GPU: nothing to benchmark")
         sys.exit(0)
-    for t in run(args.quick, args.sweep):
+    for t in run(args.quick, args.sweep, args.shapes):
         print(t.markdown() + "\n")
         common.write(f"matmul_{t.title.split()[0]}.md", t.markdown())

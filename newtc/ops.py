@@ -700,26 +700,35 @@ def _arch(t: Tensor) -> str:
     return driver.arch(t.get_device()) if t.is_cuda else "sm_90a"
 
 
+# The tiles a large product may take, (BM, BN, warps, ring slots): each one's TFLOP/s on a full H200 (f16, a program
+# per tile, at 4096^3 over its waves' fill; bench/RESULTS.md, thirteenth session). A bigger tile reads less per
+# product but leaves more SMs idle on its last wave; _matmul_config weighs the two.
+MATMUL_TILES = {(128, 256, 8, 4): 661, (128, 128, 4, 4): 516, (64, 128, 4, 6): 435, (64, 64, 4, 6): 382}
+
+
 def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", sms: int = Gpu.sms,
                    ws: bool = False) -> dict:
-    """Tile sizes by shape (a small table until the autotuner picks them): the 128x256 tile with 8 warps
-    (two warpgroups) and a 4-slot ring for large products (measured on an H200: 621 TFLOP/s at 4096^3 f16
-    against 504 with 3 slots, which leave asynchronous wgmma only one tile of prefetch). Few rows (decoding)
-    stream B from memory: the width whose programs fill the SMs in the fewest waves of columns (the wider on a
-    tie: A is read once per program), and up to 6 slots of 256 (else 128) K a step, for 150-200 KB of loads in
-    flight per SM (measured at 16x4096x4096 and 64x8192x8192: 1.2-1.26x the 4-slot ring of 128). f32 (tf32)
-    halves BK. With `ws` (a producer warpgroup), the ring stays in use while the tile's output goes out through
-    shared memory, so the slots share the limit with that."""
+    """Tile sizes by shape. Few rows (decoding) stream B from memory: the width whose programs fill the SMs in the
+    fewest waves of columns (the wider on a tie: A is read once per program), and up to 6 slots of 256 (else 128) K
+    a step, for 150-200 KB of loads in flight per SM (measured at 16x4096x4096 and 64x8192x8192: 1.2-1.26x the
+    4-slot ring of 128). Otherwise the tile of MATMUL_TILES with the most work done: its rate times the fill of its
+    waves (tiles over waves * SMs). So 4096^3 takes 128x256 (512 tiles, 97% of 4 waves), 1024^3 64x128 (128 tiles,
+    where 128x256 would leave 100 SMs idle), and 3072^3 still 128x256 (73% of 3 waves at its rate beats 97% at
+    64x128's). 128x256 keeps a 4-slot ring: 3 slots leave asynchronous wgmma one tile of prefetch (504 against 621
+    TFLOP/s at 4096^3 in the eighth session). f32 (tf32) halves BK. With `ws` (a producer warpgroup), the ring stays
+    in use while the tile's output goes out through shared memory, so the slots share the limit with that."""
     smem_limit = smem.LIMIT.get(arch, 48 * 1024)
     if m <= 64:
         bm = max(16, _pow2(m))
         bn = min((32, 64), key=lambda bn: (_cdiv(_cdiv(n, bn), sms) * bn, -bn))
         bk = 256 if 6 * (bm + bn) * 256 * itemsize <= smem_limit else 128
         cfg = dict(BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=6)
-    elif m * n <= 512 * 512:
-        cfg = dict(BM=64, BN=64, BK=64, num_warps=4, num_stages=4)
     else:
-        cfg = dict(BM=128, BN=256, BK=64, num_warps=8, num_stages=4)
+        def work(tile: tuple) -> float:
+            tiles = _cdiv(m, tile[0]) * _cdiv(n, tile[1])
+            return MATMUL_TILES[tile] * tiles / (_cdiv(tiles, sms) * sms)
+        bm, bn, warps, stages = max(MATMUL_TILES, key=work)
+        cfg = dict(BM=bm, BN=bn, BK=64, num_warps=warps, num_stages=stages)
     if itemsize == 4:
         cfg["BK"] //= 2
     cfg["BK"] = min(cfg["BK"], max(16, _pow2(k)))

@@ -48,7 +48,7 @@ def check(out, ref, dtype):
 SHAPES = {  # (M, N, K): the interpreter runs a program at a time in Python, so the CPU's stay small
     "cpu": [(1, 3, 8), (17, 45, 100), (64, 64, 64), (33, 1001, 40), (130, 140, 72)],
     "cuda": [(1, 3, 8), (17, 1001, 100), (1000, 1001, 4097), (1000, 3, 8), (16, 4096, 4096), (512, 768, 1024),
-             (2048, 2048, 512), (257, 513, 33)],
+             (2048, 2048, 512), (257, 513, 33), (512, 4096, 1000)],  # tiles 128x256, 64x64, 64x128, 128x128
 }
 
 
@@ -83,6 +83,17 @@ def test_matmul_epilogue(device, activation, with_bias):
     a, b = torch.randn(m, k, device=device).half(), torch.randn(k, n, device=device).half()
     bias = torch.randn(n, device=device).half() if with_bias else None
     check(ops.matmul(a, b, bias, activation), reference(a, b, bias, activation), torch.float16)
+
+
+def test_the_tile_by_shape_fills_the_sms():
+    """ops' tile weighs a big tile's rate against the SMs its last wave leaves idle: products of many tiles keep
+    128x256, and a product that would leave most of an H200's 132 SMs idle takes a tile that fills 97% of them."""
+    def tiles(m, n):
+        cfg = ops._matmul_config(m, n, 4096, 2, "sm_90a", 132)
+        return (cfg["BM"], cfg["BN"]), -(-m // cfg["BM"]) * -(-n // cfg["BN"])
+    assert tiles(4096, 4096) == ((128, 256), 512) and tiles(2048, 14336)[0] == (128, 256)
+    for m, n in [(1024, 1024), (128, 8192), (8192, 128), (2048, 512), (256, 4096), (512, 4096), (1000, 1001)]:
+        assert tiles(m, n)[1] >= 128, (m, n, tiles(m, n))
 
 
 def test_matmul_rejects_bad_operands():

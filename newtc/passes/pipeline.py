@@ -149,13 +149,10 @@ class Pipeliner:
         boxes = tma_boxes(lay, item) if len(shape) == 2 and self.k.spec.arch.startswith("sm_90") else None
         refs = [self.ref(v) for v in (base, *shape, strides[0], *(st for _, st in outer))]
 
-        def aligned(r: tuple, unit: int) -> bool:
-            return self.k.params[r[1]].name in self.k.spec.aligned if r[0] == "arg" else r[1] * unit % 16 == 0
-
         def positive(r: tuple) -> bool:
             return self.k.params[r[1]].name in self.k.spec.positive if r[0] == "arg" else r[1] > 0
-        if boxes is None or None in refs or refs[0][0] != "arg" or not aligned(refs[0], 1) \
-                or not all(aligned(r, item) for r in refs[3:]) or not all(map(positive, refs[1:])):
+        if boxes is None or None in refs or refs[0][0] != "arg" or not self.aligned(refs[0], 1) \
+                or not all(self.aligned(r, item) for r in refs[3:]) or not all(map(positive, refs[1:])):
             return None
         mode, (height, width), at = boxes
         tmap = {"itemsize": item, "base": refs[0][1],  # innermost first, as JSON reads it
@@ -164,6 +161,10 @@ class Pipeliner:
         if tmap not in self.k.tmaps:  # loops over the same tensor (a masked and an unmasked one) share its map
             self.k.tmaps.append(tmap)
         return {"map": self.k.tmaps.index(tmap), "boxes": at}
+
+    def aligned(self, r: tuple, unit: int) -> bool:
+        """A parameter or constant proven a multiple of 16 bytes, counted in units of `unit` bytes."""
+        return self.k.params[r[1]].name in self.k.spec.aligned if r[0] == "arg" else r[1] * unit % 16 == 0
 
     def stores(self, r: ir.Region) -> bool:
         """On sm_90, a global store of a tile read back whole from a conversion's buffer (an epilogue's staging),
@@ -183,7 +184,7 @@ class Pipeliner:
                 and not root.attrs.get("ring") and src.result.type.shape == buf.type.shape \
                 and not any(src.attrs["start"]) and buf.type.dtype.elem == op.args[0].type.dtype.elem else None
             plan = self.tensor_map(found[0], buf.layout, buf.type.dtype.elem.itemsize) if found is not None and \
-                all(isinstance(v, ir.Value) for v in found[1]) else None
+                all(isinstance(v, ir.Value) for v in found[1]) and self.whole_chunks(found[0], buf) else None
             if plan is None:
                 out.append(op)
                 continue
@@ -195,6 +196,14 @@ class Pipeliner:
             changed = True
         r.ops = out
         return changed
+
+    def whole_chunks(self, desc: tuple, buf: ir.Value) -> bool:
+        """TMA stores whole 16-byte chunks of a row, past the map's inner size up to the next chunk's end (Triton
+        #11583): a masked row's extent must be proven a multiple of 16 bytes, or the store would write past it."""
+        inner = desc[1][1]
+        ref = self.ref(inner)
+        return isinstance(inner, int) and inner == UNBOUNDED or \
+            ref is not None and self.aligned(ref, buf.type.dtype.elem.itemsize)
 
     def low(self, v) -> int | None:
         """A lower bound of an integer scalar (parameters are above 0 where the specialization says so, a loop variable
@@ -229,13 +238,13 @@ class Pipeliner:
 
     def tile(self, ptr: ir.Value, mask: ir.Value | None, shape: tuple) -> tuple | None:
         """A 2-D pointer load (or store) of `shape` read as a descriptor, (base, shape, strides, starts, outer,
-        flipped), and the starts to check at run time: pointers base + (r0 + arange) * s + (c0 + arange) (s a
-        parameter or constant, the column step 1), masked by `r < M` and `c < N` (M, N parameters or constants) or not at all on an axis (a size TMA never
-        reaches), are what TMA's bounds check reads, given starts at or above 0: proven (`low`), or bounded by `r >= 0`
-        in the mask too, or else to be checked. The unit step may be along the tile's rows (`flipped`: memory's rows
-        are the tile's columns, a transposed operand). A base of parameter + index * stride terms (a program's batch
-        and head) gives the map `outer` dimensions, (index, stride) each, that no mask bounds. None if the load is
-        not such a tile."""
+        flipped), and the starts to check at run time: pointers base + (r0 + arange) * s + (c0 + arange) (s a parameter
+        or constant, the column step 1), masked by `r < M` and `c < N` (M, N parameters or constants) or not at all on
+        an axis (a size TMA never reaches), are what TMA's bounds check reads, given starts at or above 0: proven
+        (`low`), or bounded by `r >= 0` in the mask too, or else to be checked. The unit step may be along the tile's
+        rows (`flipped`: memory's rows are the tile's columns, a transposed operand). A base of parameter + index *
+        stride terms (a program's batch and head) gives the map `outer` dimensions, (index, stride) each, that no mask
+        bounds. None if the load is not such a tile."""
         found = self.pointer(ptr) if len(shape) == 2 else None
         bounds = ([] if mask is None else self.bounds(mask)) if found else None
         root = self.root(found[0]) if bounds is not None else None
