@@ -51,19 +51,21 @@ def newt_launches(x, y, out):
 
 
 def tiny_ops(device: str):
-    """(name, newt call, torch call) of each op on a tiny tensor (4 x 128 f32)."""
+    """(name, newt call, torch call) of each op on a tiny tensor (4 x 128 f32; matmul by a 128 x 128 one)."""
     import newtc
     import torch
     F = torch.nn.functional
     x, y = torch.randn(4, 128, device=device), torch.randn(4, 128, device=device)
     w, b = torch.randn(128, device=device), torch.randn(128, device=device)
     t = torch.randint(0, 128, (4,), device=device)
+    m = torch.randn(128, 128, device=device)
     ops = newtc.ops
     return [("softmax", lambda: ops.softmax(x), lambda: torch.softmax(x, -1)),
             ("layernorm", lambda: ops.layernorm(x, w, b), lambda: F.layer_norm(x, (128,), w, b)),
             ("rmsnorm", lambda: ops.rmsnorm(x, w), lambda: F.rms_norm(x, (128,), w, 1e-6)),
             ("cross_entropy", lambda: ops.cross_entropy(x, t), lambda: F.cross_entropy(x, t, reduction="none")),
-            ("add", lambda: ops.add(x, y), lambda: torch.add(x, y))]
+            ("add", lambda: ops.add(x, y), lambda: torch.add(x, y)),
+            ("matmul", lambda: ops.matmul(x, m), lambda: x @ m)]
 
 
 def op_rows(n: int, rounds: int) -> list[dict]:

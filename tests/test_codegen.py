@@ -255,6 +255,8 @@ SPECS = [
     *matmul("matmul", "f16-odd", f16, 1000, 1001, 100, *MMA),
     *matmul("matmul", "f16-a-transposed", f16, 4096, 4096, 4096, *TMA, transposed=True),  # A too: its boxes transposed
     *matmul("matmul", "f32-tf32", f32, 1024, 1024, 1024, "HMMA", "sm_80:LDGSTS", "sm_90a:UTMALDG"),
+    *matmul("matmul", "f16-512x4096", f16, 512, 4096, 1024, *TMA),  # the tiles by shape: 128x128 on 4 warps
+    *matmul("matmul", "f16-512", f16, 512, 512, 512, *TMA),  # 64x64, 6 slots
     *matmul("matmul_bias", "f16-gelu", f16, 4096, 4096, 4096, *TMA, activation="gelu"),
     *matmul("matmul", "f16-4096-ws", f16, 4096, 4096, 4096, *TMA, "sm_90a:USETMAXREG", ws=True),  # a producer warpgroup
     # and its tile stored in column halves, so that 4 slots fit beside the staging (225 KB; the whole tile: 257)
