@@ -711,8 +711,9 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
     """Tile sizes by shape. Few rows (decoding) stream B from memory: the width whose programs fill the SMs in the
     fewest waves of columns (the wider on a tie: A is read once per program), and up to 6 slots of 256 (else 128) K
     a step, for 150-200 KB of loads in flight per SM (measured at 16x4096x4096 and 64x8192x8192: 1.2-1.26x the
-    4-slot ring of 128). Otherwise the tile of MATMUL_TILES with the most work done: its rate times the fill of its
-    waves (tiles over waves * SMs). So 4096^3 takes 128x256 (512 tiles, 97% of 4 waves), 1024^3 64x128 (128 tiles,
+    4-slot ring of 128). Otherwise the tile of MATMUL_TILES with the most work done: its rate times the share of its
+    waves' products that are C's (M * N over waves * SMs * the tile: SMs left idle, and tiles past C's edges, do
+    none; 65536 x 64 takes 64x64, not 128x256 with three quarters of each tile outside). So 4096^3 takes 128x256 (512 tiles, 97% of 4 waves), 1024^3 64x128 (128 tiles,
     where 128x256 would leave 100 SMs idle), and 3072^3 still 128x256 (73% of 3 waves at its rate beats 97% at
     64x128's). 128x256 keeps a 4-slot ring: 3 slots leave asynchronous wgmma one tile of prefetch (504 against 621
     TFLOP/s at 4096^3 in the eighth session). f32 (tf32) halves BK. With `ws` (a producer warpgroup), the ring stays
@@ -725,8 +726,8 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
         cfg = dict(BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=6)
     else:
         def work(tile: tuple) -> float:
-            tiles = _cdiv(m, tile[0]) * _cdiv(n, tile[1])
-            return MATMUL_TILES[tile] * tiles / (_cdiv(tiles, sms) * sms)
+            waves = _cdiv(_cdiv(m, tile[0]) * _cdiv(n, tile[1]), sms)
+            return MATMUL_TILES[tile] * m * n / (waves * sms * tile[0] * tile[1])
         bm, bn, warps, stages = max(MATMUL_TILES, key=work)
         cfg = dict(BM=bm, BN=bn, BK=64, num_warps=warps, num_stages=stages)
     if itemsize == 4:

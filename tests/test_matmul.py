@@ -86,14 +86,16 @@ def test_matmul_epilogue(device, activation, with_bias):
 
 
 def test_the_tile_by_shape_fills_the_sms():
-    """ops' tile weighs a big tile's rate against the SMs its last wave leaves idle: products of many tiles keep
-    128x256, and a product that would leave most of an H200's 132 SMs idle takes a tile that fills 97% of them."""
+    """ops' tile weighs a big tile's rate against the SMs its last wave leaves idle and the part of it past C's edges:
+    products of many tiles keep 128x256, a product that would leave most of an H200's 132 SMs idle takes a tile that
+    fills 97% of them, and a narrow one a narrow tile."""
     def tiles(m, n):
         cfg = ops._matmul_config(m, n, 4096, 2, "sm_90a", 132)
         return (cfg["BM"], cfg["BN"]), -(-m // cfg["BM"]) * -(-n // cfg["BN"])
     assert tiles(4096, 4096) == ((128, 256), 512) and tiles(2048, 14336)[0] == (128, 256)
     for m, n in [(1024, 1024), (128, 8192), (8192, 128), (2048, 512), (256, 4096), (512, 4096), (1000, 1001)]:
         assert tiles(m, n)[1] >= 128, (m, n, tiles(m, n))
+    assert tiles(65536, 64)[0] == (64, 64)  # a 128x256 tile would compute 4 columns for each one of C's
 
 
 def test_matmul_rejects_bad_operands():
