@@ -314,8 +314,8 @@ def _bind(kernel, args: tuple, meta: dict, device: int):
 
 def _bound(steps, values: tuple, n_inputs: int, n_scalars: int, device: int):
     """The op's launches bound for one key, as straight-line Python made for them (as jit makes its launch
-    path): call(*inputs, *scalars) reads the inputs' data pointers (None if one is not 16-byte aligned:
-    the caller takes the general path), makes the outputs and launches each step with its constants in
+    path): call(*inputs, *scalars) reads the inputs' data pointers (None if one is not 16-byte aligned or on
+    another device: the caller takes the general path, which says so), makes the outputs and launches each step with its constants in
     place; it returns the first output. An output is made as torch.empty_like of a one-element tensor of
     its dtype expanded to its shape (contiguous, and the cheapest allocation from Python)."""
     names = [f"a{i}" for i in range(n_inputs)] + [f"s{i}" for i in range(n_scalars)]
@@ -326,9 +326,10 @@ def _bound(steps, values: tuple, n_inputs: int, n_scalars: int, device: int):
     scope |= {f"t{i}": torch.empty(1, dtype=o.dtype, device=o.device).expand(o.shape) for i, o in enumerate(made)}
     if not all(torch.empty_like(scope[f"t{i}"]).is_contiguous() for i in range(len(made))):
         return None
+    others = [f"a{i}.get_device() != device" for i in range(1, n_inputs)]  # the key holds the first one's device
     lines = [f"def call({', '.join(names)}):",
              *[f"    p{i} = a{i}.data_ptr()" for i in range(n_inputs)],
-             f"    if ({' | '.join(value[:n_inputs])}) & 15:", "        return None",
+             f"    if ({' | '.join(value[:n_inputs])}) & 15{''.join(' or ' + o for o in others)}:", "        return None",
              *[f"    o{i} = empty_like(t{i})" for i in range(len(made))],
              *[f"    q{i} = o{i}.data_ptr()" for i in range(len(made))],
              "    stream = raw_stream(device)"]
@@ -758,6 +759,8 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, k
     if b.dtype != a.dtype:
         raise NkError(f"matmul operands must share a dtype, got {a.dtype} and {b.dtype}")
     (m, k), n = a.shape, b.shape[1]
+    if bias is not None and list(bias.shape) != [n]:  # the kernel reads N values of it, whatever its shape
+        raise NkError(f"matmul's bias has one value per column of the product, [{n}]; got {list(bias.shape)}")
     if m == 0 or n == 0:
         return torch.empty((m, n), dtype=a.dtype, device=a.device)
     cfg = _matmul_config(m, n, k, a.element_size(), _arch(a), gpu(a.get_device()).sms)

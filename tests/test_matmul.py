@@ -105,6 +105,9 @@ def test_matmul_rejects_bad_operands():
         ops.matmul(torch.randn(3, 4), torch.randn(4, 6).half())
     with pytest.raises(newtc.NkError, match="f32, f16 or bf16"):
         ops.matmul(torch.ones(3, 4, dtype=torch.int32), torch.ones(4, 6, dtype=torch.int32))
+    for bias in (torch.randn(5), torch.randn(3, 6)):  # too short (read past its end), or a whole C
+        with pytest.raises(newtc.NkError, match=r"bias has one value per column of the product, \[6\]"):
+            ops.matmul(torch.randn(3, 4), torch.randn(4, 6), bias)
 
 
 I8 = """\

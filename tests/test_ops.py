@@ -240,6 +240,33 @@ def test_bound_path_launches_what_the_general_path_launched(monkeypatch):
             assert any(out.data_ptr() in values for _, values, _, _ in launched)
 
 
+def test_bound_path_leaves_tensors_of_another_device_to_the_general_path(monkeypatch):
+    """A bound key holds its first input's device only: an op called with a second input elsewhere (a CPU tensor
+    beside a GPU one) must not launch on that pointer, but take the general path, which names the mistake. Forced on
+    the CPU: the launch recorded, the other device a tensor that says it is on device 1."""
+    launched = []
+    monkeypatch.setattr(ops, "_bind", lambda kernel, args, meta, device: lambda *a: launched.append(a))
+    monkeypatch.setattr(ops, "_raw_stream", lambda device: 0)
+    monkeypatch.setattr(ops, "_bindable", lambda tensors: True)
+
+    class Elsewhere(torch.Tensor):
+        __torch_function__ = torch._C._disabled_torch_function_impl  # what torch makes of it is a plain CPU tensor
+
+        def get_device(self):
+            return 1
+    x, y, w, m = torch.randn(4, 64), torch.randn(4, 64), torch.randn(64), torch.randn(64, 64)
+    for call in (lambda other: ops.add(x, other(y)), lambda other: ops.rmsnorm(x, other(w)),
+                 lambda other: ops.matmul(x, other(m))):
+        call(lambda t: t)  # binds the key
+        launched.clear()
+        call(lambda t: t)
+        assert launched  # the bound path
+        launched.clear()
+        with pytest.raises(ops.NkError, match="different devices"):
+            call(lambda t: t.as_subclass(Elsewhere))
+        assert not launched
+
+
 # ---- the model ------------------------------------------------------------------------------------
 WIDTHS = [1, 7, 64, 100, 768, 1000, 1024, 3000, 4096, 5120, 11008, 16384, 32768, 50257, 65536, 128256, 262144, 10**6]
 ROWS = [1, 3, 8, 128, 1024, 4096, 32768]
