@@ -526,6 +526,9 @@ def _add(x: Tensor, y: Tensor, key=None) -> Tensor:
 
 
 def _bias_gelu(x: Tensor, bias: Tensor, key=None) -> Tensor:
+    if x.dim() == 0 or list(bias.shape) != [x.shape[-1]]:  # the kernel reads one bias per column, whatever its shape
+        raise NkError(f"bias_gelu takes a bias of one value per column of x, [{x.shape[-1] if x.dim() else 1}]; "
+                      f"got {list(bias.shape)}")
     cx, cb = x.contiguous(), bias.contiguous()
     if cx.data_ptr() != x.data_ptr() or cb.data_ptr() != bias.data_ptr():
         key = None

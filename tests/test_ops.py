@@ -113,6 +113,8 @@ def test_elementwise_and_transpose(device, dtype):
     close(ops.add(x, y[0]), x.float() + y[0].float(), dtype)
     b = torch.randn(1001, device=device).to(dtype)
     close(ops.bias_gelu(x, b), F.gelu(x.float() + b.float()), dtype)
+    with pytest.raises(ops.NkError, match=r"one value per column of x, \[1001\]; got \[1000\]"):
+        ops.bias_gelu(x, b[:1000])  # it would be read past its end
     close(ops.transpose(x), x.float().t(), dtype)
     close(ops.transpose(x[:, 3:700]), x[:, 3:700].float().t(), dtype)
     y = torch.randn(64, 65, device=device).to(dtype)[:, :64]  # rows 65 apart: off 16-byte boundaries
