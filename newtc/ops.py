@@ -313,11 +313,11 @@ def _bind(kernel, args: tuple, meta: dict, device: int):
 
 
 def _bound(steps, values: tuple, n_inputs: int, n_scalars: int, device: int):
-    """The op's launches bound for one key, as straight-line Python made for them (as jit makes its launch
-    path): call(*inputs, *scalars) reads the inputs' data pointers (None if one is not 16-byte aligned or on
-    another device: the caller takes the general path, which says so), makes the outputs and launches each step with its constants in
-    place; it returns the first output. An output is made as torch.empty_like of a one-element tensor of
-    its dtype expanded to its shape (contiguous, and the cheapest allocation from Python)."""
+    """The op's launches bound for one key, as straight-line Python made for them (as jit makes its launch path):
+    call(*inputs, *scalars) reads the inputs' data pointers (None if one is not 16-byte aligned or on another device:
+    the caller takes the general path, which says so), makes the outputs and launches each step with its constants in
+    place; it returns the first output. An output is made as torch.empty_like of a one-element tensor of its dtype
+    expanded to its shape (contiguous, and the cheapest allocation from Python)."""
     names = [f"a{i}" for i in range(n_inputs)] + [f"s{i}" for i in range(n_scalars)]
     made = values[n_inputs + n_scalars:]
     outputs = [f"o{i}" for i in range(len(made))]
@@ -326,10 +326,11 @@ def _bound(steps, values: tuple, n_inputs: int, n_scalars: int, device: int):
     scope |= {f"t{i}": torch.empty(1, dtype=o.dtype, device=o.device).expand(o.shape) for i, o in enumerate(made)}
     if not all(torch.empty_like(scope[f"t{i}"]).is_contiguous() for i in range(len(made))):
         return None
-    others = [f"a{i}.get_device() != device" for i in range(1, n_inputs)]  # the key holds the first one's device
+    # not 16-byte aligned, or on another device than the first input (whose device the key holds)
+    general = [f"({' | '.join(value[:n_inputs])}) & 15", *(f"a{i}.get_device() != device" for i in range(1, n_inputs))]
     lines = [f"def call({', '.join(names)}):",
              *[f"    p{i} = a{i}.data_ptr()" for i in range(n_inputs)],
-             f"    if ({' | '.join(value[:n_inputs])}) & 15{''.join(' or ' + o for o in others)}:", "        return None",
+             f"    if {' or '.join(general)}:", "        return None",
              *[f"    o{i} = empty_like(t{i})" for i in range(len(made))],
              *[f"    q{i} = o{i}.data_ptr()" for i in range(len(made))],
              "    stream = raw_stream(device)"]
@@ -526,8 +527,8 @@ def _add(x: Tensor, y: Tensor, key=None) -> Tensor:
 
 
 def _bias_gelu(x: Tensor, bias: Tensor, key=None) -> Tensor:
-    if x.dim() == 0 or list(bias.shape) != [x.shape[-1]]:  # the kernel reads one bias per column, whatever its shape
-        raise NkError(f"bias_gelu takes a bias of one value per column of x, [{x.shape[-1] if x.dim() else 1}]; "
+    if x.dim() == 0 or bias.shape != x.shape[-1:]:  # the kernel reads one bias per column, whatever its shape
+        raise NkError(f"bias_gelu takes a bias of one value per column of x, {list(x.shape[-1:])}; "
                       f"got {list(bias.shape)}")
     cx, cb = x.contiguous(), bias.contiguous()
     if cx.data_ptr() != x.data_ptr() or cb.data_ptr() != bias.data_ptr():
@@ -713,15 +714,15 @@ MATMUL_TILES = {(128, 256, 8, 4): 661, (128, 128, 4, 4): 516, (64, 128, 4, 6): 4
 def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", sms: int = Gpu.sms,
                    ws: bool = False) -> dict:
     """Tile sizes by shape. Few rows (decoding) stream B from memory: the width whose programs fill the SMs in the
-    fewest waves of columns (the wider on a tie: A is read once per program), and up to 6 slots of 256 (else 128) K
-    a step, for 150-200 KB of loads in flight per SM (measured at 16x4096x4096 and 64x8192x8192: 1.2-1.26x the
-    4-slot ring of 128). Otherwise the tile of MATMUL_TILES with the most work done: its rate times the share of its
-    waves' products that are C's (M * N over waves * SMs * the tile: SMs left idle, and tiles past C's edges, do
-    none; 65536 x 64 takes 64x64, not 128x256 with three quarters of each tile outside). So 4096^3 takes 128x256 (512 tiles, 97% of 4 waves), 1024^3 64x128 (128 tiles,
-    where 128x256 would leave 100 SMs idle), and 3072^3 still 128x256 (73% of 3 waves at its rate beats 97% at
-    64x128's). 128x256 keeps a 4-slot ring: 3 slots leave asynchronous wgmma one tile of prefetch (504 against 621
-    TFLOP/s at 4096^3 in the eighth session). f32 (tf32) halves BK. With `ws` (a producer warpgroup), the ring stays
-    in use while the tile's output goes out through shared memory, so the slots share the limit with that."""
+    fewest waves of columns (the wider on a tie: A is read once per program), and up to 6 slots of 256 (else 128) K a
+    step, for 150-200 KB of loads in flight per SM (measured at 16x4096x4096 and 64x8192x8192: 1.2-1.26x the 4-slot ring
+    of 128). Otherwise the tile of MATMUL_TILES with the most work done: its rate times the share of its waves' products
+    that are C's (M * N over waves * SMs * the tile: SMs left idle, and tiles past C's edges, do none; 65536 x 64 takes
+    64x64, not 128x256 with three quarters of each tile outside). So 4096^3 takes 128x256 (512 tiles, 97% of 4 waves),
+    1024^3 64x128 (128 tiles, where 128x256 would leave 100 SMs idle), and 3072^3 still 128x256 (73% of 3 waves at its
+    rate beats 97% at 64x128's). 128x256 keeps a 4-slot ring: 3 slots leave asynchronous wgmma one tile of prefetch (504
+    against 621 TFLOP/s at 4096^3 in the eighth session). f32 (tf32) halves BK. With `ws` (a producer warpgroup), the
+    ring stays in use while the tile's output goes out through shared memory, so the slots share the limit with that."""
     smem_limit = smem.LIMIT.get(arch, 48 * 1024)
     if m <= 64:
         bm = max(16, _pow2(m))
@@ -762,20 +763,20 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, k
     if b.dtype != a.dtype:
         raise NkError(f"matmul operands must share a dtype, got {a.dtype} and {b.dtype}")
     (m, k), n = a.shape, b.shape[1]
-    if bias is not None and list(bias.shape) != [n]:  # the kernel reads N values of it, whatever its shape
+    if bias is not None and bias.shape != (n,):  # the kernel reads N values of it, whatever its shape
         raise NkError(f"matmul's bias has one value per column of the product, [{n}]; got {list(bias.shape)}")
     if m == 0 or n == 0:
         return torch.empty((m, n), dtype=a.dtype, device=a.device)
     cfg = _matmul_config(m, n, k, a.element_size(), _arch(a), gpu(a.get_device()).sms)
     grid = (_cdiv(m, cfg["BM"]) * _cdiv(n, cfg["BN"]),)
     meta = dict(GROUP_M=8, ACTIVATION=activation or "none", **cfg)
-    strides = (*a.stride(), *b.stride(), n, 1)
-    inputs, steps = (a, b), [(_stdlib("matmul").matmul, grid, (A, B, C, m, n, k, *strides), meta)]
+    sizes, mod = (m, n, k, *a.stride(), *b.stride(), n, 1), _stdlib("matmul")
+    inputs, step = (a, b), (mod.matmul, grid, (A, B, C, *sizes), meta)
     if bias is not None:
         cb = bias.contiguous()
         key = key if cb.data_ptr() == bias.data_ptr() else None
-        inputs, steps = (a, b, cb), [(_stdlib("matmul").matmul_bias, grid, (A, B, D, C, m, n, k, *strides), meta)]
-    return _run(key, steps, lambda x: (torch.empty((m, n), dtype=x.dtype, device=x.device),), inputs)
+        inputs, step = (a, b, cb), (mod.matmul_bias, grid, (A, B, D, C, *sizes), meta)
+    return _run(key, [step], lambda x: (torch.empty((m, n), dtype=x.dtype, device=x.device),), inputs)
 
 
 # ---- attention ----------------------------------------------------------------------------------------

@@ -167,35 +167,45 @@ class Pipeliner:
         return self.k.params[r[1]].name in self.k.spec.aligned if r[0] == "arg" else r[1] * unit % 16 == 0
 
     def stores(self, r: ir.Region) -> bool:
-        """On sm_90, a global store of a tile read back whole from a conversion's buffer (an epilogue's staging),
-        whose pointers and mask read as a descriptor's (`tile`), becomes a TMA
-        store of that buffer (`tma_store`): thread 0 copies its boxes out and waits until they have read shared
-        memory; the writes to global memory go on behind. The read-back and the masked stores go. Starts not proven
-        at or above 0 are checked at run time (`check_starts`). Whether any store changed."""
+        """On sm_90, a store of an epilogue's staged tile (`staged`) becomes a TMA store of that buffer (`tma_store`):
+        thread 0 copies its boxes out and waits until they have read shared memory; the writes to global memory go on
+        behind. The read-back and the masked stores go. Starts not proven at or above 0 are checked at run time
+        (`check_starts`). Whether any store changed."""
         changed = False
         out: list[ir.Op] = []
         for op in r.ops:
             for sub in op.regions:
                 changed |= self.stores(sub)
-            src = self.defs.get(id(op.args[1])) if op.kind == "store" and op.args[1].type.shape else None
-            buf = src.args[0] if src is not None and src.kind == "local_load" else None
-            root = self.defs.get(id(buf)) if buf is not None else None
-            found = self.tile(op.args[0], op.args[2], buf.type.shape) if root is not None and root.kind == "alloc" \
-                and not root.attrs.get("ring") and src.result.type.shape == buf.type.shape \
-                and not any(src.attrs["start"]) and buf.type.dtype.elem == op.args[0].type.dtype.elem else None
-            plan = self.tensor_map(found[0], buf.layout, buf.type.dtype.elem.itemsize) if found is not None and \
-                all(isinstance(v, ir.Value) for v in found[1]) and self.whole_chunks(found[0], buf) else None
+            found = self.staged(op)
+            plan = self.tensor_map(found[1], found[0].layout, found[0].type.dtype.elem.itemsize) if found else None
             if plan is None:
                 out.append(op)
                 continue
-            self.check_starts(out, found[1], None, "writes", op.span)
-            _, _, _, starts, outer, _ = found[0]
+            buf, (_, _, _, starts, outer, _), unproven = found
+            self.check_starts(out, unproven, None, "writes", op.span)
             at = [v if isinstance(v, ir.Value) else self.const(out, v, i32, op.span)
                   for v in (*starts, *(i for i, _ in outer))]
             out.append(ir.Op("tma_store", [buf, *at], [], plan, op.span))
             changed = True
         r.ops = out
         return changed
+
+    def staged(self, op: ir.Op) -> tuple | None:
+        """A global store of a tile read back whole from a conversion's buffer (not a ring) of its dtype, whose
+        pointers and mask read as a descriptor's (`tile`) and whose rows TMA may store (`whole_chunks`): (the buffer,
+        the descriptor, the starts to check), or None."""
+        src = self.defs.get(id(op.args[1])) if op.kind == "store" and op.args[1].type.shape else None
+        if src is None or src.kind != "local_load" or any(src.attrs["start"]):
+            return None
+        buf = src.args[0]
+        root = self.defs.get(id(buf))
+        if root is None or root.kind != "alloc" or root.attrs.get("ring") or src.result.type.shape != buf.type.shape \
+                or buf.type.dtype.elem != op.args[0].type.dtype.elem:
+            return None
+        found = self.tile(op.args[0], op.args[2], buf.type.shape)
+        if found is None or not all(isinstance(v, ir.Value) for v in found[1]) or not self.whole_chunks(found[0], buf):
+            return None
+        return buf, *found
 
     def whole_chunks(self, desc: tuple, buf: ir.Value) -> bool:
         """TMA stores whole 16-byte chunks of a row, past the map's inner size up to the next chunk's end (Triton

@@ -130,7 +130,7 @@ def effects(op: ir.Op) -> list:
 def _access(kind: str, buf: ir.Value, defs: dict) -> tuple:
     op = ir.root_buffer(buf, defs)  # a slot counts as its whole ring
     lo = op.attrs["offset"]
-    return lo, lo + ir.buffer_bytes(op.result), kind in ("w", "wa", "wb"), id(op) if op.attrs.get("ring") else None
+    return lo, lo + ir.buffer_bytes(op.result), kind[0] == "w", id(op) if op.attrs.get("ring") else None
 
 
 def _conflict(a: tuple, b: tuple) -> bool:
