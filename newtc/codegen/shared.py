@@ -153,35 +153,45 @@ def ldmatrix(cg, acc: Access, name: str) -> bool:
     return True
 
 
+FALLBACK = 24  # elements a thread loads into registers at once where a group falls back to plain loads
+
+
 def async_copy(cg, op: ir.Op) -> None:
     """cp.async of a pointer block into a buffer slot: one copy per group that is contiguous in both memories
     (16 bytes through L2 only, smaller ones through L1); masked-off groups are filled with zeros. A group
-    the analysis cannot prove contiguous and aligned checks at run time and falls back to plain loads."""
+    the analysis cannot prove contiguous and aligned checks at run time and falls back to plain loads: those of
+    several groups (FALLBACK elements) are issued before any of their stores, so that their latencies overlap
+    (group by group, each waited for its 8 loads before the next group's: 12 waits a k-step at 64x128)."""
     buf, ptr, mask = op.args
     lay = ptr.layout
     acc = Access(cg, lay, buf, (0,) * len(ptr.type.shape))
     t = cexpr.ctype(ptr.type.dtype.elem)
     ptrs = cg.regs(ptr)
-    masks = cg.regs(mask) if mask is not None else None
+    masks = cg.regs(mask) if mask is not None else ["true"] * lay.nregs
     dim, g = vector(lay, acc.item)
     g = min(g, acc.group())
     nbytes = g * acc.item
     static = proven(ptr, mask, lay, dim, g, nbytes)
-    stmts = []
-    for i in range(0, lay.nregs, g):
-        m = masks[i] if masks else "true"
-        copy = f"nk_cp_async<{nbytes}>({acc.addr(acc.regs[i])}, {ptrs[i]}, {m});"
-        if nbytes >= 4 and static:
-            stmts.append(copy)
-            continue
-        scalar = " ".join(f"*{acc.ptr(t, acc.regs[i + j])} = {masks[i + j] if masks else 'true'} ? *{ptrs[i + j]} : "
-                          f"nk_zero<{t}>();" for j in range(g))
-        if nbytes < 4:
-            stmts.append(scalar)
-        else:
-            cond = vector_condition(ptrs[i:i + g], masks[i:i + g] if masks else None, nbytes)
-            stmts.append(f"if ({cond}) {{ {copy} }} else {{ {scalar} }}")
-    cg.emit_all(once(cg, lay, stmts), per_line=2)
+    groups = list(range(0, lay.nregs, g))
+    copy = {i: f"nk_cp_async<{nbytes}>({acc.addr(acc.regs[i])}, {ptrs[i]}, {masks[i]});" for i in groups}
+    if nbytes >= 4 and static:
+        cg.emit_all(once(cg, lay, list(copy.values())), per_line=2)
+        return
+    owner = cg.owner(lay)
+    both = lambda *conds: " && ".join(c for c in conds if c)  # noqa: E731
+    for first in range(0, len(groups), max(1, FALLBACK // g)):
+        batch, stores = groups[first:first + max(1, FALLBACK // g)], []
+        for i in batch:
+            vec, vals = cg.fresh("vec"), cg.fresh("ld")
+            cond = vector_condition(ptrs[i:i + g], masks[i:i + g] if mask is not None else None, nbytes) \
+                if nbytes >= 4 else "false"  # cp.async copies 4, 8 or 16 bytes
+            fast = f"if ({both(owner, vec)}) {{ {copy[i]} }} " if nbytes >= 4 else ""
+            loads = [f"{vals}[{j}] = ({both(owner, '!' + vec, masks[i + j])}) ? *{ptrs[i + j]} : nk_zero<{t}>();"
+                     for j in range(g)]
+            cg.emit(f"bool const {vec} = {cond}; {fast}{t} {vals}[{g}]; " + " ".join(loads))
+            stores.append(f"if ({both(owner, '!' + vec)}) {{ "
+                          + " ".join(f"*{acc.ptr(t, acc.regs[i + j])} = {vals}[{j}];" for j in range(g)) + " }")
+        cg.emit_all(stores, per_line=2)
 
 
 def once(cg, layout, stmts: list[str]) -> list[str]:
