@@ -42,6 +42,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--aligned", default="", metavar="NAME,...|all",
                    help="parameters to specialize as 16-byte aligned pointers / multiples of 16, as a launch "
                         "with such arguments would (default: none; 'all' for every runtime parameter)")
+    p.add_argument("--eights", default="", metavar="NAME,...",
+                   help="int parameters to specialize as odd multiples of 8, as a launch with rows of 1000 halves "
+                        "would (16-byte rows of 16-bit elements)")
     p.add_argument("--ones", default="", metavar="NAME,...",
                    help="int parameters to specialize as equal to 1, as a launch with unit strides would")
     p.add_argument("--positive", default="", metavar="NAME,...",
@@ -153,9 +156,9 @@ def emit(args, module: A.Module, filename: str):
         p = no_value[0]
         raise NkError(f"missing constexpr '{p.name}' for kernel '{d.name}'", p.span, f"pass -D {p.name}=VALUE")
     aligned = frozenset(sig) if args.aligned == "all" else frozenset(filter(None, args.aligned.split(",")))
-    ones, positive = (tuple(filter(None, names.split(","))) for names in (args.ones, args.positive))
-    spec = Spec.of(sig, consts, num_warps=args.num_warps, num_stages=args.num_stages, aligned=aligned, ones=ones,
-                   positive=positive, arch=args.arch)
+    eights, ones, positive = (tuple(filter(None, n.split(","))) for n in (args.eights, args.ones, args.positive))
+    spec = Spec.of(sig, consts, num_warps=args.num_warps, num_stages=args.num_stages, aligned=aligned, eights=eights,
+                   ones=ones, positive=positive, arch=args.arch)
     return stage_text(module, d.name, spec, args.emit)
 
 
@@ -186,9 +189,9 @@ def selected(args, module: A.Module, filename: str) -> list[A.FuncDef]:
         raise NkError(f"no kernel named '{args.kernel}' in {filename}", None, f"kernels: {names}")
     params = {p.name: p for d in chosen for p in d.params}
     aligned = set(filter(None, args.aligned.split(","))) - {"all"}
-    ones, positive = (set(filter(None, names.split(","))) for names in (args.ones, args.positive))
-    for flag, given in (("--sig", args.sig), ("-D", args.defines), ("--aligned", aligned), ("--ones", ones),
-                        ("--positive", positive)):
+    eights, ones, positive = (set(filter(None, names.split(","))) for names in (args.eights, args.ones, args.positive))
+    for flag, given in (("--sig", args.sig), ("-D", args.defines), ("--aligned", aligned), ("--eights", eights),
+                        ("--ones", ones), ("--positive", positive)):
         for name in given:
             p = params.get(name)
             if p is None:

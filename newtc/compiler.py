@@ -28,12 +28,15 @@ class Spec:
     num_stages: int = 1
     idx64: bool = False  # 64-bit offsets: a tensor argument spans 2 GiB or more
     aligned: tuple = ()  # parameters that are multiples of 16 (ints) or 16-byte aligned (pointers)
+    eights: tuple = ()  # int parameters that are odd multiples of 8: the rows of 16-bit elements they count are
+    # 16-byte aligned (vectors, TMA), where Triton's multiples of 16 leave a product of 1000 x 1000 plain loads
     ones: tuple = ()  # int parameters equal to 1 (unit strides: the analysis then sees contiguity)
     positive: tuple = ()  # int parameters above 0 (sizes and strides a TMA tensor map may be built from)
     arch: str = "sm_90a"
 
     def __post_init__(self):  # sorted: the repr is a cache key, the same in every process
         object.__setattr__(self, "aligned", tuple(sorted(self.aligned)))
+        object.__setattr__(self, "eights", tuple(sorted(self.eights)))
         object.__setattr__(self, "ones", tuple(sorted(self.ones)))
         object.__setattr__(self, "positive", tuple(sorted(self.positive)))
 

@@ -252,7 +252,7 @@ def constexpr_value(v):
 
 def launch_source(kinds: tuple) -> str:
     """A launch function for arguments of these kinds, straight-line Python: it checks the kinds, builds the
-    specialization key (device, dtype, 2 GiB and alignment bits per tensor; range, alignment, == 1 and > 0 per int) and
+    specialization key (device, dtype, 2 GiB and alignment bits per tensor; range, % 16, == 1 and > 0 per int) and
     calls the cached Launcher. Anything unexpected goes to `miss`, the general path, which also compiles."""
     n = len(kinds)
     names = [f"a{i}" for i in range(n)]
@@ -265,7 +265,7 @@ def launch_source(kinds: tuple) -> str:
     key += [f"p{a} & 15 == 0" for a in tensors]
     for a, k in zip(names, kinds):
         if k == "int":
-            key += [f"-2147483648 <= {a} < 2147483648", f"{a} & 15 == 0", f"{a} == 1", f"{a} > 0"]
+            key += [f"-2147483648 <= {a} < 2147483648", f"{a} & 15 == 0", f"{a} & 15 == 8", f"{a} == 1", f"{a} > 0"]
     values = [f"p{a}" if k == "tensor" else a for a, k in zip(names, kinds)]
     stream = f"d{tensors[0]}" if tensors else "-1"
     lines = [
@@ -356,7 +356,8 @@ class Kernel:
         sig = {p.name: arg_type(a, idx64) for p, a in zip(self.runtime, args)}
         ints = [(p.name, a) for p, a in zip(self.runtime, args) if type(a) is int]
         spec = Spec.of(sig, meta, num_warps=num_warps, num_stages=num_stages, idx64=idx64,
-                       aligned=aligned_params(self.runtime, args), ones=tuple(n for n, a in ints if a == 1),
+                       aligned=aligned_params(self.runtime, args), eights=tuple(n for n, a in ints if a % 16 == 8),
+                       ones=tuple(n for n, a in ints if a == 1),
                        positive=tuple(n for n, a in ints if a > 0), arch=arch)
         launches.record(self.module.filename, self.name, spec)  # what `newtc lsp` shows types for
         return spec

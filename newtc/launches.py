@@ -28,7 +28,8 @@ def record(filename: str, kernel: str, spec) -> None:
     data = {"file": real, "kernel": kernel, "sig": [f"{n}={t.name}" for n, t in spec.sig],
             "defines": [f"{n}={v.name if isinstance(v, DType) else repr(v)}" for n, v in spec.constexprs],
             "num_warps": spec.num_warps, "num_stages": spec.num_stages, "idx64": spec.idx64,
-            "aligned": list(spec.aligned), "ones": list(spec.ones), "positive": list(spec.positive), "arch": spec.arch}
+            "aligned": list(spec.aligned), "eights": list(spec.eights), "ones": list(spec.ones),
+            "positive": list(spec.positive), "arch": spec.arch}
     path = _path(real, kernel)
     old = _read(path, kernel)
     if old is not None and {k: v for k, v in old.items() if k != "time"} == data:

@@ -329,8 +329,8 @@ class Document:
         sig, defines = cli.parse_sig(_Reject(span), r["sig"]), cli.parse_defines(_Reject(span), r["defines"])
         if {*sig, *defines} - {p.name for p in d.params}:
             raise NkError("stale record", span)
-        options = {k: r[k] for k in ("num_warps", "num_stages", "idx64", "aligned", "ones", "positive", "arch")
-                   if k in r}
+        options = {k: r[k] for k in ("num_warps", "num_stages", "idx64", "aligned", "eights", "ones", "positive",
+                                     "arch") if k in r}
         return sig, defines, options, f"the last launch (recorded {_ago(r['time'])})"
 
     # ---- positions ---------------------------------------------------------------------------------

@@ -183,6 +183,16 @@ def test_aligned_specialization_gives_bare_vector_accesses(capsys):
     assert "& 15) == 0" in checked and "& 15) == 0" not in proven
 
 
+def test_eights_specialization_proves_the_mask_of_8_halves_uniform(capsys):
+    """n an odd multiple of 8 (a launch with n = 1000): each 16-byte group of halves lies on one side of n."""
+    args = [ADD, "--sig", "x=*f16,y=*f16,out=*f16,n=i32", "-D", "BLOCK=1024", "--aligned", "x,y,out", "--emit", "cuda"]
+    assert main(args) == 0
+    checked = capsys.readouterr().out
+    assert main(args + ["--eights", "n"]) == 0
+    proven = capsys.readouterr().out
+    assert "mask_7[0] && mask_7[1]" in checked and "mask_7[0] && mask_7[1]" not in proven
+
+
 NO_TORCH = """
 import sys
 {body}
@@ -228,6 +238,7 @@ def test_lazy_names_still_work(tmp_path):
     (["--check", ADD, "--sig", "zz=i32"], "--sig zz: kernel 'add' has no parameter 'zz'"),
     (["--check", ADD, "-D", "ZZ=1"], "-D ZZ: kernel 'add' has no parameter 'ZZ'"),
     ([ADD, *ADD_SPEC, "--aligned", "zz"], "--aligned zz: kernel 'add' has no parameter 'zz'"),
+    ([ADD, *ADD_SPEC, "--eights", "BLOCK"], "--eights BLOCK: 'BLOCK' is a constexpr parameter"),
     ([ADD, *ADD_SPEC, "--sig", "BLOCK=i32"], "--sig BLOCK: 'BLOCK' is a constexpr parameter"),
     ([ADD, "--sig", "x=*f32,y=*f32,out=*f32", "-D", "BLOCK=1024", "-D", "n=3"], "-D n: 'n' is a runtime parameter"),
 ])

@@ -482,7 +482,21 @@ def test_ints_specialize_on_alignment_unity_and_sign():
     k = newtc.compile("kernel f(x, a, b, c, d, e):\n    store(x, a + b + c + d + e)\n", "f.nk").f
     spec = k.specialize([torch.empty(1, dtype=torch.int32), *ints.values()], {})
     assert (spec.aligned, spec.ones, spec.positive) == (("a", "b", "e", "x"), ("c",), ("c", "d", "e"))
-    assert all(f"{a} > 0" in jit.launch_source(("int",) * 5) for a in ("a0", "a4"))
+
+
+def test_the_launch_key_separates_exactly_the_specializations():
+    """Two ints share a launch key only where they share a specialization: a key that missed a fact would launch a
+    kernel compiled for 1000 (an odd multiple of 8: 16-byte rows of halves) on 1001."""
+    k = newtc.compile("kernel f(x, n):\n    store(x, n)\n", "f.nk").f
+    scope = {"Tensor": torch.Tensor, "launchers": {}, "miss": lambda grid, args, meta, key: key}
+    exec(jit.launch_source(("tensor", "int")), scope)
+    x = torch.empty(1, dtype=torch.int32)
+    values = [-24, -16, -8, -1, 0, 1, 2, 5, 8, 16, 24, 1000, 1001, 1008, 2**31 - 8, 2**31, 2**40 + 8]
+    keys = {n: scope["launch"]((1,), x, n) for n in values}
+    specs = {n: repr(k.specialize([x, n], {})) for n in values}
+    for a in values:
+        for b in values:
+            assert (keys[a] == keys[b]) == (specs[a] == specs[b]), (a, b)
 
 
 BAD_GRIDS = [(1, 1, 1, 1), (-1,), (), ("two",), 2**31, (2**31,), (1, 65536), (1000 / 1024,), (1.9,), (0.0,),

@@ -371,11 +371,24 @@ def test_tma_matmul_zero_fills_ragged_edges(device, dtype, skew):
                     num_stages=stages)
         kernel = KERNELS.matmul_kernel_with_descriptors
         maps = [t["base"] for t in kernel.output(args, meta, "ir", "sm_90a").kernel.tmaps]
-        assert maps == [0, 1][:0 if skew else 2] + [2] * (n % 16 == 0)  # C's rows end on TMA's 16-byte chunks
+        assert maps == [0, 1][:0 if skew else 2] + [2] * (n % 8 == 0)  # C's rows end on TMA's 16-byte chunks
         kernel[(cdiv(m, bm) * cdiv(n, bn),)](*args, **meta)
         ref = a.double() @ b.double()
         err = ((c.double() - ref).norm() / ref.norm()).item()
         assert torch.isfinite(c).all() and err < 1e-2, (m, n, k, dtype, skew, err)
+
+
+def test_rows_of_an_odd_multiple_of_8_halves_take_tma():
+    """Sizes and strides that are odd multiples of 8 (`Spec.eights`) make rows of 16-bit elements 16-byte aligned: a
+    1000 x 1000 x 1000 product copies A and B, and stores C, by TMA on sm_90a; odd ones (1001) keep cp.async."""
+    kernel = ops._stdlib("matmul").matmul
+    for n, maps in ((1000, [0, 1, 2]), (1001, []), (1008, [0, 1, 2])):
+        a, b, c = (torch.empty(n, n, dtype=torch.float16) for _ in range(3))
+        cfg = ops._matmul_config(n, n, n, 2, "sm_90a")
+        out = kernel.output((a, b, c, n, n, n, *a.stride(), *b.stride(), *c.stride()), dict(GROUP_M=8, **cfg), "ir",
+                            "sm_90a")
+        assert [t["base"] for t in out.kernel.tmaps] == maps, n
+        assert out.kernel.spec.eights == (("K", "M", "N", "stride_am", "stride_bk", "stride_cm") if n == 1000 else ())
 
 
 def test_the_launcher_encodes_each_tensor_map_from_the_arguments(monkeypatch):
@@ -464,7 +477,7 @@ def test_stdlib_matmul_tma_matches_torch(device, dtype, name, ws):
         args, meta = (a, b, c, m, n, k, *strides), dict(GROUP_M=8, WS=ws, **cfg)
         out = kernel.output(args, meta, "cubin", "sm_90a")
         # wgmma's tile reaches C through a staging buffer, which TMA copies out where C's rows end on its 16-byte chunks
-        staged = cfg["BM"] >= 64 and n % 16 == 0
+        staged = cfg["BM"] >= 64 and n % 8 == 0
         assert [t["base"] for t in out.kernel.tmaps] == [0, 1, 2][:2 + staged]  # A and B loaded, C stored
         sass = nvrtc.disassemble(out.binary.cubin)
         assert "UTMALDG" in sass and ("UTMASTG" in sass) == staged, cfg

@@ -167,5 +167,7 @@ def analyze_axes(k: ir.Kernel) -> ir.Kernel:
             p.facts = Facts((1,), (1,), (1,), 1)
         elif p.name in k.spec.aligned:
             p.facts = Facts((1,), (16,), (1,))
+        elif p.name in k.spec.eights:
+            p.facts = Facts((1,), (8,), (1,))
     region(k.body)
     return k

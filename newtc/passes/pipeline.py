@@ -164,7 +164,10 @@ class Pipeliner:
 
     def aligned(self, r: tuple, unit: int) -> bool:
         """A parameter or constant proven a multiple of 16 bytes, counted in units of `unit` bytes."""
-        return self.k.params[r[1]].name in self.k.spec.aligned if r[0] == "arg" else r[1] * unit % 16 == 0
+        if r[0] == "const":
+            return r[1] * unit % 16 == 0
+        name = self.k.params[r[1]].name
+        return name in self.k.spec.aligned or name in self.k.spec.eights and 8 * unit % 16 == 0
 
     def stores(self, r: ir.Region) -> bool:
         """On sm_90, a store of an epilogue's staged tile (`staged`) becomes a TMA store of that buffer (`tma_store`):
