@@ -179,8 +179,9 @@ def async_copy(cg, op: ir.Op) -> None:
         return
     owner = cg.owner(lay)
     both = lambda *conds: " && ".join(c for c in conds if c)  # noqa: E731
-    for first in range(0, len(groups), max(1, FALLBACK // g)):
-        batch, stores = groups[first:first + max(1, FALLBACK // g)], []
+    per_batch = max(1, FALLBACK // g)
+    for first in range(0, len(groups), per_batch):
+        batch, stores = groups[first:first + per_batch], []
         for i in batch:
             vec, vals = cg.fresh("vec"), cg.fresh("ld")
             cond = vector_condition(ptrs[i:i + g], masks[i:i + g] if mask is not None else None, nbytes) \

@@ -60,4 +60,4 @@ def land(dots: list, pending: int, later: list) -> ir.Op:
 def writes(op: ir.Op, dot: ir.Op, defs: dict) -> bool:
     """Whether op writes a buffer the dot reads (a store into it, a copy into its ring)."""
     reads = {id(ir.root_buffer(x, defs)) for x in dot.args[:2] if isinstance(x.type.dtype, ir.Buffer)}
-    return any(e[0] in ("w", "wa", "wb") and id(ir.root_buffer(e[1], defs)) in reads for e in effects(op))
+    return any(e[0][0] == "w" and id(ir.root_buffer(e[1], defs)) in reads for e in effects(op))
