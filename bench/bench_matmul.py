@@ -8,7 +8,8 @@ TFLOP/s.
 not 16-byte aligned), f16 (and every third in bf16): where _matmul_config's choice of tile must hold up.
 --sweep also times newt's kernel over a grid of tile configurations on 4096^3 and, without --quick, on the LLM shape
 16384x4096x4096 (to tune ops._matmul_config):
-warp-specialized (ws) or not, a program per tile or persistent (a program per SM walking the tiles).
+warp-specialized (ws) or not, a program per tile or persistent (a program per SM walking the tiles), in clusters that
+share B's copies or not.
 """
 from __future__ import annotations
 
@@ -142,6 +143,16 @@ def products(title: str, cases: list, tmm, quick: bool) -> Table:
     return Table(title, rows)
 
 
+# (BM, BN, BK, warps, slots, warp-specialized, persistent, the tile stored in halves, CTAs a cluster)
+SWEEP = [(128, 256, 64, 8, 4, False, False, False, 1), (128, 256, 64, 8, 4, False, True, False, 1),
+         (128, 256, 32, 8, 6, False, False, False, 1), (128, 256, 64, 8, 3, True, True, False, 1),
+         (128, 256, 64, 8, 4, True, True, True, 1), (128, 256, 64, 8, 4, True, False, True, 1),
+         (256, 128, 64, 8, 3, True, True, False, 1), (128, 128, 64, 4, 4, True, True, False, 1),
+         (128, 256, 64, 8, 4, True, True, True, 2), (128, 256, 64, 8, 4, True, False, True, 2),
+         (128, 256, 64, 8, 3, True, True, False, 2), (256, 128, 64, 8, 3, True, True, False, 2),
+         (128, 128, 64, 4, 4, True, True, False, 2), (128, 256, 64, 8, 4, True, True, True, 4)]
+
+
 def sweep_configs(quick: bool, shapes: list) -> Table:
     """newt's kernel over tile configurations, f16 and bf16, on each of `shapes`: what ops._matmul_config should
     pick."""
@@ -153,16 +164,13 @@ def sweep_configs(quick: bool, shapes: list) -> Table:
     for (m, n, k), dtype in itertools.product(shapes, (torch.float16, torch.bfloat16)):
         a, b = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
         fns = {}
-        for bm, bn, bk, w, s, ws, persistent, *halves in (
-                (128, 256, 64, 8, 4, False, False), (128, 256, 64, 8, 4, False, True), (128, 256, 32, 8, 6, False, False),
-                (128, 256, 64, 8, 3, True, False), (128, 256, 64, 8, 3, True, True), (128, 256, 32, 8, 6, True, True),
-                (128, 256, 64, 8, 4, True, True, True), (128, 256, 64, 8, 4, True, False, True),  # the tile in halves
-                (256, 128, 64, 8, 3, True, True), (256, 128, 64, 16, 3, True, True), (128, 128, 64, 4, 4, True, True),
-                (128, 128, 64, 4, 3, False, False)):
-            tiles = -(-m // bm) * -(-n // bn)
-            grid = (min(tiles, sms) if persistent else tiles,)
-            meta = dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, WS=ws, HALVES=bool(halves), num_warps=w, num_stages=s)
-            config = f"{bm}x{bn}x{bk} w{w} s{s}" + " ws" * ws + " halves" * bool(halves) + " persistent" * persistent
+        for bm, bn, bk, w, s, ws, persistent, halves, ctas in SWEEP:
+            per_cluster = -(-m // (bm * ctas)) * -(-n // bn)  # tiles, counted by clusters
+            grid = (min(per_cluster, sms // ctas) * ctas if persistent else per_cluster * ctas,)
+            meta = dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, WS=ws, HALVES=halves, CTAS=ctas, num_warps=w, num_stages=s,
+                        num_ctas=ctas)
+            config = f"{bm}x{bn}x{bk} w{w} s{s}" + " ws" * ws + " halves" * halves + " persistent" * persistent + \
+                f" cluster {ctas}" * (ctas > 1)
             fns[config] = functools.partial(product, mod.matmul, grid, a, b, meta)
         for config, t in measure_all(fns, close(a.float() @ b.float()), quick).items():
             rows.append({"shape": f"{m}x{n}x{k}", "dtype": str(dtype)[6:], "config": config,

@@ -4,7 +4,7 @@
     compute-sanitizer --tool racecheck python bench/sanitize.py
 
 Pipelined matmuls (cp.async rings, ldmatrix), a transposed operand, the epilogue, reductions across warps,
-row kernels, the transpose, an atomic histogram; TMA copies into an mbarrier ring, and a warp-specialized one; attention forward and backward; scans, a sort and a histogram
+row kernels, the transpose, an atomic histogram; TMA copies into an mbarrier ring, a warp-specialized one, and one in clusters; attention forward and backward; scans, a sort and a histogram
 across warps; a spin lock on a scalar atomic in a `while` loop; block pointers; fp8 conversions. Without a GPU it
 runs the same kernels through the interpreter (a check that the script itself is right)."""
 import itertools
@@ -33,6 +33,11 @@ def main() -> None:
         a, b, c = torch.randn(m, k, device=d).half(), torch.randn(k, n, device=d).half(), torch.empty(m, n, device=d).half()
         ops._stdlib("matmul").matmul[(grid,)](a, b, c, m, n, k, k, 1, n, 1, n, 1, BM=128, BN=128, BK=32, GROUP_M=8,
                                               WS=ws, HALVES=halves, num_warps=8, num_stages=3)
+    for grid in (6, 2):  # clusters of 2 sharing B's copies: a program per tile, and one cluster walking them
+        m, n, k = 300, 264, 136
+        a, b, c = torch.randn(m, k, device=d).half(), torch.randn(k, n, device=d).half(), torch.empty(m, n, device=d).half()
+        ops._stdlib("matmul").matmul[(grid,)](a, b, c, m, n, k, k, 1, n, 1, n, 1, BM=128, BN=128, BK=32, GROUP_M=8,
+                                              WS=True, CTAS=2, num_warps=8, num_stages=3, num_ctas=2)
     a, b = torch.randn(90, 100, device=d).half().t(), torch.randn(90, 70, device=d).half()
     ops.matmul(a, b, torch.randn(70, device=d).half(), "gelu")
     x = torch.randn(33, 3000, device=d)

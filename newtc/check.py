@@ -1048,6 +1048,11 @@ def check(module: A.Module, name: str, spec) -> ir.Kernel:
         raise NkError(f"num_warps={spec.num_warps!r} must be a power of two from 1 to 32", d.span)
     if type(spec.num_stages) is not int or spec.num_stages < 1:
         raise NkError(f"num_stages={spec.num_stages!r} must be an integer of at least 1", d.span)
+    if type(spec.num_ctas) is not int or spec.num_ctas not in (1, 2, 4, 8):
+        raise NkError(f"num_ctas={spec.num_ctas!r} must be 1, 2, 4 or 8 (a portable cluster)", d.span)
+    if spec.num_ctas > 1 and int("".join(filter(str.isdigit, spec.arch))) < 90:
+        raise NkError(f"num_ctas={spec.num_ctas}: clusters need sm_90 or later, not {spec.arch}", d.span,
+                      "launch with num_ctas=1 on this GPU")
     c = Checker(module, spec)
     sig, constexprs = spec.types, spec.values
     params = []

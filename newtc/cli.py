@@ -54,6 +54,8 @@ def parser() -> argparse.ArgumentParser:
                    default=4, metavar="N", help="warps per program: 1, 2, 4, 8, 16 or 32 (default: 4)")
     p.add_argument("--num-stages", type=count("at least 1", lambda n: n >= 1), default=1, metavar="N",
                    help="slots of the cp.async ring feeding dot in runtime loops (default: 1)")
+    p.add_argument("--num-ctas", type=count("1, 2, 4 or 8", lambda n: n in (1, 2, 4, 8)), default=1, metavar="N",
+                   help="CTAs a cluster (sm_90): programs launched together that may share TMA copies (default: 1)")
     p.add_argument("--arch", default="sm_90a", type=arch,
                    help="GPU architecture for ptx/cubin/sass: sm_XY[a], or compute_XY[a] for PTX only (default: sm_90a)")
     p.add_argument("--emit", choices=["ast", "ir", "cuda", "ptx", "cubin", "sass"], default="cuda",
@@ -157,8 +159,8 @@ def emit(args, module: A.Module, filename: str):
         raise NkError(f"missing constexpr '{p.name}' for kernel '{d.name}'", p.span, f"pass -D {p.name}=VALUE")
     aligned = frozenset(sig) if args.aligned == "all" else frozenset(filter(None, args.aligned.split(",")))
     eights, ones, positive = (tuple(filter(None, n.split(","))) for n in (args.eights, args.ones, args.positive))
-    spec = Spec.of(sig, consts, num_warps=args.num_warps, num_stages=args.num_stages, aligned=aligned, eights=eights,
-                   ones=ones, positive=positive, arch=args.arch)
+    spec = Spec.of(sig, consts, num_warps=args.num_warps, num_stages=args.num_stages, num_ctas=args.num_ctas,
+                   aligned=aligned, eights=eights, ones=ones, positive=positive, arch=args.arch)
     return stage_text(module, d.name, spec, args.emit)
 
 

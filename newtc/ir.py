@@ -62,7 +62,9 @@ Made by the passes (the checker never emits them; the interpreter runs the IR be
   roles                          attrs consumers; region   the producer warpgroup's code (threads past `consumers`,
                                                            which then leave); the consumers go on after it
   mbar_init (bars) attrs count; mbar_expect, tma_load, mbar_wait (bars, slot, parity[, valid]), mbar_inval (bars),
-  mbar_arrive (bars, slot, cond)                           TMA rings' barriers (passes.pipeline)
+  mbar_arrive (bars, slot, cond)                           TMA rings' barriers (passes.pipeline); attrs ctas: every
+                                                           CTA's barrier of a cluster; tma_load's attrs cast: multicast
+  cluster_sync                                             barrier.cluster: every thread of the cluster
   tma_store   (buf, row, col, outer...)  attrs map, boxes  a staged tile copied to global memory by TMA
 reduce takes a scratch buffer as a second operand when warps meet along the axis; a scalar atomic
 takes one as its last operand (the old value reaches every thread through it).

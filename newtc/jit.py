@@ -37,6 +37,7 @@ _SRC = Path(__file__).resolve().parent
 # The compiler's own version: a hash of its source, so a changed compiler never reuses old binaries.
 VERSION = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_SRC.rglob("*.py")))).hexdigest()[:16]
 INTERPRET = flag("NEWT_INTERPRET")  # read once: the launch path stays free of lookups
+OPTIONS = ("num_warps", "num_stages", "num_ctas")  # launch options: meta that is not a constexpr
 
 
 @contextlib.contextmanager
@@ -308,9 +309,9 @@ class Kernel:
 
     # ---- specialization ----------------------------------------------------------------------
     def split_meta(self, args, meta):
-        """(constexprs, num_warps, num_stages) of a launch, made plain; unknown names and a wrong count are errors."""
+        """(constexprs, launch options) of a launch, made plain; unknown names and a wrong count are errors."""
         meta = {name: constexpr_value(v) for name, v in meta.items()}
-        num_warps, num_stages = meta.pop("num_warps", 4), meta.pop("num_stages", 1)
+        options = {name: meta.pop(name) for name in OPTIONS if name in meta}
         unknown = set(meta) - self.constexpr_names
         if unknown:
             raise NkError(f"kernel '{self.name}' has no constexpr parameter '{sorted(unknown)[0]}'", self.defn.span,
@@ -319,7 +320,7 @@ class Kernel:
             names = ", ".join(p.name for p in self.runtime)
             raise NkError(f"kernel '{self.name}' takes {len(self.runtime)} runtime arguments ({names}), got {len(args)}",
                           self.defn.span)
-        return meta, num_warps, num_stages  # their values are the checker's to judge
+        return meta, options  # their values are the checker's to judge
 
     def plain_args(self, args) -> tuple:
         """The arguments as the launch path takes them (see plain), or an error naming the parameter."""
@@ -350,12 +351,12 @@ class Kernel:
         return dims
 
     def specialize(self, args, meta, arch: str = "sm_90a") -> Spec:
-        meta, num_warps, num_stages = self.split_meta(args, meta)
+        meta, options = self.split_meta(args, meta)
         args = self.plain_args(args)
         idx64 = needs_idx64(args)
         sig = {p.name: arg_type(a, idx64) for p, a in zip(self.runtime, args)}
         ints = [(p.name, a) for p, a in zip(self.runtime, args) if type(a) is int]
-        spec = Spec.of(sig, meta, num_warps=num_warps, num_stages=num_stages, idx64=idx64,
+        spec = Spec.of(sig, meta, **options, idx64=idx64,
                        aligned=aligned_params(self.runtime, args), eights=tuple(n for n, a in ints if a % 16 == 8),
                        ones=tuple(n for n, a in ints if a == 1),
                        positive=tuple(n for n, a in ints if a > 0), arch=arch)

@@ -763,6 +763,46 @@ def test_warp_specialized_loop_releases_slots_instead_of_a_cta_barrier():
     assert "setmaxnreg" not in plain and "__launch_bounds__(256)" in plain
 
 
+def cluster_source(ctas_constexpr: int, arch: str = "sm_90a"):
+    """The stdlib's warp-specialized 128x256 matmul launched in clusters of 2, its tile loop by clusters (CTAS=2)
+    or by programs (CTAS=1)."""
+    s = next(x for x in SPECS if x.id.endswith("f16-4096-ws-halves-sm_90a"))
+    module, _ = stdlib_module(s.file)
+    spec = dataclasses.replace(s.compiler(arch), constexprs=s.consts + (("CTAS", ctas_constexpr),), num_ctas=2)
+    return compiler.compile(module, s.kernel, spec, until="cuda").cuda
+
+
+def test_a_cluster_multicasts_the_tiles_its_ctas_share():
+    """In clusters of 2 whose CTAs walk the same tiles of C two rows apart, the stdlib matmul's copies of B (the same
+    in both) are multicast, each CTA copying half of its boxes into both; A's stay each CTA's own. A slot is free once
+    both CTAs' 8 consumer warps have released it: each warp arrives on the empty barrier of both. A cluster barrier
+    follows the barriers' setup and precedes their invalidation. ptxas takes it, without spills."""
+    src = cluster_source(2).source
+    assert "__cluster_dims__(2, 1, 1)" in src
+    copies = [line for line in src.splitlines() if "cp.async.bulk.tensor.2d.shared::cluster" in line]
+    a, b = (next(line for line in copies if f"nk_map{i})" in line) for i in (0, 1))
+    assert "multicast" not in a and b.count(".multicast::cluster") == 4 == b.count('"h"((unsigned short)3)')
+    assert [b.count(f"if (nk_rank == {r})") for r in (0, 1)] == [2, 2]
+    assert src.count("mbarrier.init.shared::cta.b64 [%0], 16;") == 4  # empty: 2 CTAs x 8 consumer warps per slot
+    arrivals = [line for line in src.splitlines() if "mbarrier.arrive.shared::cluster" in line]
+    assert len(arrivals) == 2 and all("mapa.shared::cluster.u32 ra, %0, 0;" in x and ", %0, 1;" in x for x in arrivals)
+    syncs = [i for i, line in enumerate(src.splitlines()) if "barrier.cluster.arrive" in line]
+    lines = src.splitlines()
+    assert len(syncs) == 2 and syncs[0] < next(i for i, x in enumerate(lines) if "setmaxnreg.dec" in x)
+    assert syncs[1] < next(i for i, x in enumerate(lines) if "mbarrier.inval" in x)
+    out = nvrtc.compile(src, cluster_source(2).name, "sm_90a")
+    sass = nvrtc.disassemble(out.cubin)
+    assert "UTMALDG.2D.MULTICAST" in sass and "UCGABAR_ARV" in sass and not re.search(r"\b(STL|LDL)\b", sass)
+
+
+def test_a_cluster_shares_nothing_it_cannot_prove_the_same():
+    """A cluster launch of a tile loop from program_id(0) (CTAS=1): the CTAs' tiles differ, so every copy stays the
+    CTA's own and no barrier counts another CTA's warps; the launch still asks for clusters."""
+    src = cluster_source(1).source
+    assert "__cluster_dims__(2, 1, 1)" in src and "multicast" not in src and "shared::cluster.b64" not in src
+    assert "barrier.cluster" not in src and src.count("mbarrier.init.shared::cta.b64 [%0], 8;") == 4
+
+
 def test_warp_specialization_registers_come_from_the_programs_own_pool():
     """setmaxnreg moves registers within the pool a program got at launch (threads x the launch bounds' count):
     the consumers grow only by what the producer gives back, or keep theirs; a launch past 1024 threads is not

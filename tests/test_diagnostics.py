@@ -306,6 +306,14 @@ def test_bad_num_warps_at_launch():
     assert_diagnostic(err, "launch5.nk", 1, 1, "num_warps=3 must be a power of two")
 
 
+def test_bad_num_ctas_at_launch():
+    err = launch_error(ADD, "launch7.nk", *add_args(), BLOCK=128, num_ctas=3)
+    assert_diagnostic(err, "launch7.nk", 1, 1, "num_ctas=3 must be 1, 2, 4 or 8")
+    mod = newtc.compile(ADD, "launch8.nk")
+    with pytest.raises(newtc.NkError, match="num_ctas=2: clusters need sm_90 or later, not sm_80"):
+        mod.add.output(add_args(), dict(BLOCK=128, num_ctas=2), "checked", "sm_80")
+
+
 def test_unsupported_argument_types():
     mod = newtc.compile(ADD, "launch6.nk")
     x, y, out, n = add_args()

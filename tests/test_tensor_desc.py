@@ -458,6 +458,40 @@ def test_warp_specialized_matmul_on_every_trip_count(device, tile):
 
 
 @pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("name", ["matmul", "matmul_bias", "matmul_tma"])
+@pytest.mark.parametrize("tile", [(128, 256, 64, 8, 4, True), (64, 64, 64, 4, 6, False)], ids=str)
+def test_clusters_share_copies_and_match_torch(device, name, tile):
+    """Launched in clusters of 2 (num_ctas=2, CTAS=2), the warp-specialized stdlib kernels take tiles two rows at a
+    time and multicast B's boxes: against torch, NaN past every edge, on M of an odd number of tiles (the second CTA
+    of the last cluster has no rows), K of 0, 40 (fewer iterations than slots) and 1000 (the producer laps the
+    ring); with a program per tile and persistent clusters (2 and 4 programs)."""
+    bm, bn, bk, warps, stages, halves = tile
+    shapes = [(40, 72, 56)] if device == "cpu" else [(m, n, k) for m, n in ((300, 264), (bm, bn)) for k in (0, 40, 1000)]
+    kernel = getattr(ops._stdlib("matmul"), name)
+    for m, n, k in shapes:
+        for grid in (cdiv(cdiv(m, bm), 2) * 2 * cdiv(n, bn), 2, 4):
+            a, b = padded(m, k, torch.float16, device), padded(k, n, torch.float16, device)
+            c = padded(m, n, torch.float16, device).fill_(math.nan)
+            bias = torch.randn(n, dtype=torch.float16, device=device)
+            args = (a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride())
+            meta = dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, WS=True, CTAS=2, num_warps=warps, num_stages=stages, num_ctas=2)
+            if name == "matmul_tma":  # no halves: its tile's staging takes a slot's room
+                args = (a, b, c, m, n, k, a.stride(0), b.stride(0), c.stride(0))
+                meta["num_stages"] -= halves
+            else:
+                meta["HALVES"] = halves
+            if name == "matmul_bias":
+                args = (a, b, c, bias, *args[3:])
+            kernel[(grid,)](*args, **meta)
+            ref = a.double() @ b.double() + (bias.double() if name == "matmul_bias" else 0)
+            err = ((c.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+            assert torch.isfinite(c).all() and err < 1e-2, (m, n, k, grid, tile, err)
+            past = torch.ones_like(c._base, dtype=torch.bool)
+            past[:m, :n] = False
+            assert c._base[past].isnan().all(), "a store wrote past C's edges"
+
+
+@pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", ["matmul_tma", "matmul"])
 @pytest.mark.parametrize("ws", [False, True])

@@ -320,8 +320,9 @@ class Codegen:
         threads = 32 * k.spec.num_warps + (128 if self.producer else 0)
         symbol = f"nk_{k.name}"  # prefixed: a kernel named like a CUDA builtin (norm, exp) must not clash
         bounds = f"{threads}, 1" if self.producer else f"{threads}"  # setmaxnreg: one program per SM
+        cluster = f" __cluster_dims__({k.spec.num_ctas}, 1, 1)" if k.spec.num_ctas > 1 else ""
         lines = [PRELUDE.strip(), "",
-                 f'extern "C" __global__ void __launch_bounds__({bounds}) {symbol}({", ".join(params)}) {{',
+                 f'extern "C" __global__ void __launch_bounds__({bounds}){cluster} {symbol}({", ".join(params)}) {{',
                  "  extern __shared__ __align__(1024) unsigned char nk_smem[];  // swizzle atoms are 1024 bytes",
                  "  const int nk_tid = threadIdx.x, nk_lane = nk_tid & 31, nk_warp = nk_tid >> 5;",
                  *(["  const unsigned nk_sbase = (unsigned)__cvta_generic_to_shared(nk_smem);"] if k.smem_bytes else []),
@@ -390,7 +391,7 @@ RULES = {"for": Codegen.loop, "while": Codegen.loop, "if": Codegen.branch, "stor
          "fence_async": lambda cg, op: cg.emit('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");'),
          "mbar_init": shared.mbar_init, "mbar_inval": shared.mbar_inval, "mbar_expect": shared.mbar_expect,
          "tma_load": shared.tma_load, "tma_store": shared.tma_store,
-         "mbar_wait": shared.mbar_wait, "mbar_arrive": shared.mbar_arrive}
+         "mbar_wait": shared.mbar_wait, "mbar_arrive": shared.mbar_arrive, "cluster_sync": shared.cluster_sync}
 
 from . import scan  # noqa: E402 - scans and data movement keep their emitters in their own table
 

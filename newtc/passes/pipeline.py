@@ -218,6 +218,26 @@ class Pipeliner:
         return isinstance(inner, int) and inner == UNBOUNDED or \
             ref is not None and self.aligned(ref, buf.type.dtype.elem.itemsize)
 
+    def uniform(self, v) -> bool:
+        """v is the same in every CTA of a cluster (clusters span grid x, num_ctas apart): parameters, constants,
+        the grid's size, program ids but along x, program_id(0) // c for c a multiple of num_ctas, loop variables of
+        loops whose bounds are so, and pure arithmetic on such values."""
+        if v is None or type(v) is int or v in self.k.params:
+            return True
+        if id(v) in self.loops:
+            return all(map(self.uniform, self.loops[id(v)].args[:3]))
+        op = self.defs.get(id(v))
+        if op is None or op.kind not in PURE | {"program_id", "num_programs"} or v.type.shape:
+            return False
+        if op.kind == "program_id":
+            return op.attrs["axis"] != 0 or self.k.spec.num_ctas == 1
+        if op.kind == "floordiv":
+            pid, c = (self.defs.get(id(a)) for a in op.args)
+            if pid is not None and pid.kind == "program_id" and c is not None and c.kind == "const" \
+                    and c.attrs["value"] % self.k.spec.num_ctas == 0:
+                return True
+        return all(map(self.uniform, op.args))
+
     def low(self, v) -> int | None:
         """A lower bound of an integer scalar (parameters are above 0 where the specialization says so, a loop variable
         starts at its first value when the step is positive), or None."""
@@ -436,6 +456,14 @@ class Pipeliner:
         nested = anchor is not loop
         scope = inside | self.inside(anchor.regions[0]) if nested else inside  # what the producer recomputes
         ahead_by = 0 if ws else s_count - 1 - (1 if lagging else 0)
+        # a cluster whose CTAs run the same iterations (and tiles): a copy from the same place in every one of them is
+        # issued in shares, each CTA's to all (multicast), and a slot is free once every CTA's consumers released it
+        ctas = self.k.spec.num_ctas if ws and self.uniform(iv) and self.uniform(anchor.regions[0].params[0]) else 1
+        for (_, load, _), plan in zip(found, plans):
+            desc = load.attrs["desc"] if plan and ctas > 1 else None  # its starts, then its outer indices
+            if desc and all(map(self.uniform, (*desc[3], *(i for i, _ in desc[4])))):
+                plan["cast"] = ctas
+        cast = {"ctas": ctas} if any(plan and "cast" in plan for plan in plans) else {}
         setup: list[ir.Op] = []  # the rings and barriers: before the anchor, for all of its iterations
 
         def barriers(count: int) -> ir.Value:
@@ -445,7 +473,8 @@ class Pipeliner:
             setup.extend([b, ir.Op("mbar_init", [b.result], [], {"count": count}, span)])
             return b.result
         bars = barriers(1) if any(plans) else None  # full: the bytes of all the slot's TMA copies, armed by the issuer
-        empty = barriers(self.k.spec.num_warps) if ws else None  # empty: each consumer warp, done reading the slot
+        empty = barriers(self.k.spec.num_warps * cast.get("ctas", 1)) if ws else None  # empty: each consumer warp
+        # (of each CTA sharing copies), done reading the slot
         tma_bytes = sum(ir.buffer_bytes(store.args[0]) for (store, *_), plan in zip(found, plans) if plan)
 
         def copies(out: list, new_iv: ir.Value, bases: list, times: int, slot: ir.Value, rings: list,
@@ -568,7 +597,7 @@ class Pipeliner:
             """Where `cond` holds, the consumers' warps release the slot before `slot` to the producer."""
             back = self.scalar(out, "add", [slot, self.const(out, s_count - 1, i32, span)], i32, span)
             prev = self.scalar(out, "mod", [back, self.const(out, s_count, i32, span)], i32, span)
-            out.append(ir.Op("mbar_arrive", [empty, prev, cond], [], {}, span))
+            out.append(ir.Op("mbar_arrive", [empty, prev, cond], [], dict(cast), span))
         if ws:  # the group waited for read the previous iteration's slot
             release(issue, r_slot, self.scalar(issue, "ne", [iv, lo], bool_, span))
         body.ops = head + (rest + issue if lagging else issue + rest) + tail + [yield_op]
@@ -586,6 +615,10 @@ class Pipeliner:
         # once every thread is done waiting: the bytes may be reused, or the loop run again
         teardown = [ir.Op("mbar_inval", [b], [], {}, span) for b in (bars, empty) if b is not None]
         producers = [roles] if ws else []
+        if cast:  # the barriers are set in every CTA before any copy or arrival reaches them, and no CTA leaves (or
+            # invalidates them) while another may still arrive on them
+            setup.append(ir.Op("cluster_sync", [], [], {}, span))
+            teardown.insert(0, ir.Op("cluster_sync", [], [], {}, span))
         at = parent.ops.index(loop)
         if nested:  # the ring and the producer serve every tile: they go around the loop over tiles
             parent.ops[at:at + 1] = before + [loop] + after

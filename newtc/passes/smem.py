@@ -111,7 +111,7 @@ def effects(op: ir.Op) -> list:
         return [("wb", op.args[0]), ("sync",)]
     if kind == "mbar_inval":  # after a barrier inside the op
         return [("sync",), ("wb", op.args[0])]
-    if kind == "barrier":
+    if kind in ("barrier", "cluster_sync"):
         return [("sync",)]
     if kind == "fence_async":
         return [("fence",)]
