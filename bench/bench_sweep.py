@@ -4,6 +4,7 @@
     python bench/bench_sweep.py [--quick] [--ops softmax,layernorm] [--dtypes f32,bf16] [--widths 1000,4096]
                                 [--rows 1,4096] [--plans K] [--append bench/RESULTS.md]
     python bench/bench_sweep.py --merge A/sweep.json B/sweep.json [--append bench/RESULTS.md]
+    python bench/bench_sweep.py --only FILE.json [--plans K]
 
 Triton's best is the fastest of a few configurations per point: one row per program in a single block
 (num_warps 1-32 around the tutorial's rule) where the row fits one block of at most 32768 elements, and
@@ -18,8 +19,11 @@ the input (at least 32), at least ROTATE bytes of copies where that takes at mos
 L2 flushed before each run (the flush also hides the host's launch cost, so both are GPU times). Flushed
 runs of launches of a few microseconds move by up to 2x between kernels that do the same work.
 
-With --plans K, each point also times K - 1 plans next to the model's (bench_sweep.neighbours), each forced,
-and records them, so that bench/replay_rows.py can judge other models over them without a GPU.
+With --plans K, each point also times K - 1 plans next to the model's (bench_sweep.neighbours), and records them,
+so that bench/replay_rows.py can judge other models over them without a GPU. Every newt plan runs forced (`forced`),
+the model's own included, so that what is recorded under a plan's name is what ran. With --only FILE.json (written by
+`replay_rows.py --write`), the sweep measures exactly the points listed there, each with the plans listed for it
+(by their fields: plans the model at hand may no longer pick) besides the model's own and its neighbours.
 
 The full sweep takes more than one 10-minute call: run it in chunks (--ops, --dtypes, --widths, --rows),
 each with its own $OUT, then --merge their sweep.json files (no GPU needed).
@@ -188,7 +192,7 @@ def model_plans(op: str, x, k: int = 1) -> list[tuple]:
     """(name, plan): the plan newtc.ops takes for input x (`ops._configure`; a meta tensor plans for an H200), then
     up to k - 1 of its neighbours."""
     from newtc import ops
-    kind = {"layernorm": "norm", "rmsnorm": "norm"}.get(op, op)
+    kind = {"layernorm": "norm"}.get(op, op)
     model, meta = ops._configure(kind, x, x.stride(0))
     (rows, width), size = x.shape, x.element_size()
     args = (kind, rows, width, size, meta["SHIFT"], ops.gpu(x.get_device()))
@@ -241,11 +245,6 @@ def fits(q, rows: int, size: int) -> bool:
         and (not q.tail or q.rows * q.tail * size >= 32 * q.warps * ops.VECTOR)))
 
 
-def model_plan(op: str, x) -> str:
-    """The name of the plan newtc.ops takes for input x (recorded beside its time)."""
-    return model_plans(op, x)[0][0]
-
-
 def forced(ops, plan, fn):
     """fn under `plan`, with its own bound launches (ops' fast path), so that the plans can run in any order."""
     fast = {}
@@ -270,12 +269,14 @@ def points(ops, dtypes, widths, heights):
                         yield op, dt, m, n
 
 
-def measure(quick: bool, ops, dtypes, widths, heights, plans: int = 1) -> list[dict]:
-    """Each point's row; with plans > 1, plans - 1 of the model's plan's neighbours are timed too (forced),
-    each recorded under `plans` by name, so that bench/replay_rows.py can replay other models over them."""
+def measure(quick: bool, todo: list, plans: int = 1, extra: dict | None = None) -> list[dict]:
+    """Each point's row (todo: (op, dtype, rows, width) points); with plans > 1, plans - 1 of the model's plan's
+    neighbours are timed too, and the plans `extra` lists for a point ({point: (K, [(name, Plan)])}: K plans as
+    --plans counts them, and those), each recorded under `plans` by name, so that bench/replay_rows.py can replay other
+    models over them. Every newt plan is forced, the model's own included: what runs is what is recorded."""
     import torch
     from newtc import ops as newt_ops
-    todo = list(points(ops, dtypes, widths, heights))
+    extra = extra or {}
     print(f"sweep: {len(todo)} points", flush=True)
     copy = copy_gbps(quick)
     (all_cases, tk), rows, started = cases(torch), [], time.perf_counter()
@@ -285,12 +286,13 @@ def measure(quick: bool, ops, dtypes, widths, heights, plans: int = 1) -> list[d
         args = case.make(m, n, torch_dtype(dt))
         ref = case.reference(*args)
         impls = case.impls(n, tk)
-        alternatives = model_plans(op, args[0], plans)
-        plan = alternatives[0][0]
+        k, more = extra.get((op, dt, m, n), (plans, []))
+        alternatives = dict(model_plans(op, args[0], k))
+        alternatives |= {name: p for name, p in more if name not in alternatives}
+        (plan, model), *others = alternatives.items()
         real = newt_ops.plan, newt_ops._fast
-        if plans > 1:  # every newt candidate forced, the model's own included, so that none runs another's plan
-            impls["newt"] = [forced(newt_ops, alternatives[0][1], case.newt)]
-            impls |= {f"plan {name}": [forced(newt_ops, p, case.newt)] for name, p in alternatives[1:]}
+        impls["newt"] = [forced(newt_ops, model, case.newt)]  # forced too, so that none runs another's plan
+        impls |= {f"plan {name}": [forced(newt_ops, p, case.newt)] for name, p in others}
         try:
             ms = timed(impls, args, ref, TOL[dt], quick)
         finally:
@@ -383,8 +385,8 @@ def plot(rows: list[dict], path) -> None:
 def run(quick=False, ops=OPS, dtypes=DTYPES, append=None, widths=None, heights=None, plans=1):
     """Measure the points (widths and heights default to the quick or the full sweep's) and report them."""
     started = time.perf_counter()
-    rows = measure(quick, ops, dtypes, widths or (QUICK_WIDTHS if quick else WIDTHS),
-                   heights or (QUICK_ROWS if quick else ROWS), plans)
+    rows = measure(quick, list(points(ops, dtypes, widths or (QUICK_WIDTHS if quick else WIDTHS),
+                                      heights or (QUICK_ROWS if quick else ROWS))), plans)
     return report(rows, f"{'quick' if quick else 'full'}: {', '.join(ops)}; {', '.join(dtypes)}",
                   f"{time.perf_counter() - started:.0f} s, copy {copy_gbps(quick):.0f} GB/s", append)
 
@@ -405,6 +407,36 @@ def report(rows: list[dict], what: str, how: str, append=None) -> list[Table]:
         with open(append, "a") as f:
             f.write("\n" + text)
     return tables
+
+
+def listing(point: tuple, plans: list, neighbours: int = 0) -> dict:
+    """An entry of an --only file: a point (op, dtype, rows, width), plans to time there ([(name, ops.Plan)]) and how
+    many of the model's neighbours besides (`neighbours`)."""
+    from dataclasses import asdict
+    fields = lambda p: {k: v for k, v in asdict(p).items() if k != "seconds"}  # noqa: E731
+    return dict(zip(("op", "dtype", "rows", "width"), point), plans={name: fields(p) for name, p in plans},
+                neighbours=neighbours)
+
+
+def listed(path: str, plans: int = 1) -> tuple[list, dict]:
+    """An --only file's points, and per point (K, [(name, ops.Plan)]) for `measure`: K counts the model's plan and
+    its neighbours as --plans does."""
+    from newtc import ops
+    todo, extra = [], {}
+    for e in json.loads(Path(path).read_text()):
+        point = (e["op"], e["dtype"], e["rows"], e["width"])
+        todo.append(point)
+        extra[point] = (max(plans, 1 + e.get("neighbours", 0)),
+                        [(name, ops.Plan(**fields)) for name, fields in e.get("plans", {}).items()])
+    return todo, extra
+
+
+def only(path: str, plans: int = 1, append=None) -> list[Table]:
+    """Measure exactly the points (and plans) an --only file lists, and report them."""
+    started, (todo, extra) = time.perf_counter(), listed(path, plans)
+    rows = measure(False, todo, plans, extra)
+    return report(rows, f"the points of {Path(path).name}", f"{time.perf_counter() - started:.0f} s, copy "
+                  f"{copy_gbps(False):.0f} GB/s", append)
 
 
 def merge(paths: list[str], append=None) -> list[Table]:
@@ -444,12 +476,16 @@ def main() -> None:
     p.add_argument("--append", metavar="PATH", help="append the summary to this file (bench/RESULTS.md)")
     p.add_argument("--plans", type=int, default=1, metavar="K", help="also time the model's next K-1 fastest "
                    "candidates at each point (recorded for bench/replay_rows.py)")
+    p.add_argument("--only", metavar="FILE.json", help="measure only the points (and their plans) this file lists "
+                   "(bench/replay_rows.py --write)")
     args = p.parse_args()
     if args.merge:
         tables = merge(args.merge, args.append)
     elif not common.cuda_available():
         print("no CUDA GPU: nothing to benchmark")
         return
+    elif args.only:
+        tables = only(args.only, args.plans, args.append)
     else:
         tables = run(args.quick, args.ops, args.dtypes, args.append, args.widths, args.rows, args.plans)
     for t in tables:

@@ -1,6 +1,7 @@
 """The row model replayed over measured sweeps, without a GPU: how would `newtc.ops.plan` as it is now have done?
 
-    python bench/replay_rows.py A/sweep.json B/sweep.json ... [--unmeasured]
+    python bench/replay_rows.py A/sweep.json B/sweep.json ... [--unmeasured] [--write FILE.json]
+                                [--below R --neighbours K]
     python bench/replay_rows.py bench/data/sweep-*.json.gz    # the full sweeps measured so far
 
 Each sweep.json (bench_sweep.py; gzipped in bench/data) records, per point, the plan newt ran (`plan`), its time,
@@ -8,7 +9,9 @@ the better of Triton and torch, and with --plans the times of other plans (`plan
 model picks now is looked up among the sweeps that ran that plan (their times averaged), and set against the
 better of Triton and torch averaged over all the sweeps of the point (a single run's others move 3-7% on launches
 of a few microseconds). Reports the geometric mean of newt/best and the points under 0.95 over the points whose
-plan some sweep measured, per op; --unmeasured lists the others (the points to measure next). The sweeps' GPU is
+plan some sweep measured, per op; --unmeasured lists the others (the points to measure next), and --write saves them
+with their plans for `bench_sweep.py --only FILE.json` (with --below R and --neighbours K, also the measured points
+under R, each to be timed with K of its plan's neighbours: where the model might do better). The sweeps' GPU is
 taken to be an H200 (the plans of meta tensors: newtc.gpu.Gpu's defaults). A point's sweeps must have timed it
 the same way (`timing`: a graph of launches, or flushed runs; sweeps before graphs were all flushed).
 """
@@ -39,21 +42,29 @@ def replay(paths: list[str]) -> tuple[list[dict], list[tuple]]:
         op, dtype, rows, width = key
         if len({r.get("timing", "flushed") for r in rs}) > 1:  # graphs and flushed runs time different things
             raise SystemExit(f"{key}: the sweeps timed this point in different ways; replay sweeps of one method")
-        plan = bs.model_plan(op, torch.empty((rows, width), dtype=bs.torch_dtype(dtype), device="meta"))
+        (plan, model), = bs.model_plans(op, torch.empty((rows, width), dtype=bs.torch_dtype(dtype), device="meta"))
         times = [r["newt us"] if r["plan"] == plan else r.get("plans", {}).get(plan) for r in rs]
         times = [t for t in times if isinstance(t, float)]
-        if not times:
-            unmeasured.append((*key, plan))
-            continue
         other = statistics.fmean(r["newt us"] * r["newt/best"] for r in rs)  # the better of Triton and torch, us
-        points.append({"op": key[0], "ratio": other / statistics.fmean(times)})
-    return points, unmeasured
+        if not times:  # with the best ratio any plan reached there: the points likeliest to miss come first
+            best = max(other / t for r in rs for t in [r["newt us"], *r.get("plans", {}).values()]
+                       if isinstance(t, float))
+            unmeasured.append((best, (*key, plan, model)))
+            continue
+        points.append({"op": key[0], "key": key, "ratio": other / statistics.fmean(times)})
+    return points, [u for _, u in sorted(unmeasured, key=lambda u: u[0])]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweeps", nargs="+", metavar="sweep.json[.gz]")
     p.add_argument("--unmeasured", action="store_true", help="list the points whose plan no sweep ran")
+    p.add_argument("--write", metavar="FILE.json", help="save the points whose plan no sweep ran, with that plan, "
+                   "for bench_sweep.py --only")
+    p.add_argument("--below", type=float, default=0.0, metavar="R", help="with --write and --neighbours: also the "
+                   "measured points under R")
+    p.add_argument("--neighbours", type=int, default=0, metavar="K", help="with --below: K neighbours of the "
+                   "model's plan to time at each of those points")
     args = p.parse_args()
     points, unmeasured = replay(args.sweeps)
     rows = []
@@ -66,7 +77,14 @@ def main() -> None:
     print(Table("the row model replayed over measured plans", rows,
                 f"{len(unmeasured)} points ran other plans than the model's now").markdown())
     for u in unmeasured if args.unmeasured else ():
-        print(*u)
+        print(*u[:-1])
+    if args.write:
+        low = [x["key"] for x in sorted(points, key=lambda x: x["ratio"]) if x["ratio"] < args.below] \
+            if args.neighbours else []  # first, as the likeliest to miss
+        Path(args.write).write_text(json.dumps([bs.listing(key, [], args.neighbours) for key in low] +
+                                               [bs.listing(u[:4], [u[4:]]) for u in unmeasured], indent=1) + "\n")
+        print(f"{args.write}: {len(unmeasured)} points to measure, {len(low)} to search with {args.neighbours} "
+              "neighbours")
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def run(points: list[str], quick: bool) -> list[Table]:
         ref = case.reference(*args)
         moved = case.nbytes(m, n, bs.SIZE[dt])
         impls = {name: [bs.forced(ops, p, case.newt)]
-                 for name, p in alternatives(ops, "norm" if op.endswith("norm") else op, m, n, bs.SIZE[dt])}
+                 for name, p in alternatives(ops, {"layernorm": "norm"}.get(op, op), m, n, bs.SIZE[dt])}
         impls |= {name: fns for name, fns in case.impls(n, tk).items() if name != "newt"}
         try:
             results = bs.timed(impls, args, ref, bs.TOL[dt], quick)

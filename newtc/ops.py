@@ -69,25 +69,41 @@ LAUNCH = 1.2e-6  # seconds: what a dependent second kernel adds (launch gap, ram
 # lone cross-entropy rows of 32768 f32 stayed looped, 1.15-1.40x slower than split
 THREAD_BYTES = 128  # the most of a row block one thread holds: 8 16-byte vectors (32 f32 or 64 f16 values);
 # measured on an H200 the best up to rows of 16 KB (f32 softmax at 4096 and 16384, f16 layer norm at 8192)
+RMS_BYTES = 64  # ... that RMS norm prefers, where 16 warps can: its one reduction crosses the warps once, layer
+# norm's two (the mean, then the squares about it) twice, so more warps cost it less (H200, 1024 rows of 16 KB: 8 warps
+# 0.98-1.00 of the best other against 4 warps' 0.94-0.96, where layer norm runs up to 14% faster on 4)
 VECTOR = 16  # bytes a thread loads at once
-NORM_LONE = 32  # bytes per thread of a lone norm program, up to 16 warps (`_whole_rows`)
+NORM_LONE = {"norm": 32, "rmsnorm": 16}  # bytes per thread of a lone norm program, up to 16 warps (`_whole_rows`):
+# RMS norm's one reduction leaves its weight step a larger share of the program (H200, 1 and 128 16-bit rows of 4096:
+# 16 warps 1.10-1.15 of the best other, 8 warps 0.94-1.04); a block of up to 32 bytes a lane stays on one warp, whose
+# reductions need no barrier (RMS norm, 1-128 16-bit rows of 512: 1 warp 1.15-1.20, 2 warps 1.09-1.11)
 MIN_WARPS = 4  # whole-row programs: fewer warps only for blocks too small to give 4 warps a vector each, or streaming:
 STREAM_WAVES = 4  # a launch of more programs than this many waves streams rows through its SMs, where 2 warps that hold
 # up to 64 bytes a thread move a tile as fast as 4 and fit twice the rows per SM (H200, in graphs of launches, 32768 rows
 # of 512-1024: cross-entropy 0.89-0.98 -> 1.00-1.02 of the best other, 16-bit rows of 512 1.00-1.05 -> 1.06-1.67; the
 # other plans it moves within 3%)
+CROWDED = 0.5  # norms, not lone: where one-warp programs of a row each would fill this part of the SMs' block
+# slots (32 a SM: the cap, not warps or registers, limits them), no one-warp programs: two rows share a two-warp
+# program instead (a warp a row, one load of the weight for both; H200, in graphs of launches, 16-bit rows of 512-768
+# at 4096 rows: RMS norm 0.93-1.17 -> 1.11-1.27 of the best other, layer norm 0.98-1.12 -> 1.09-1.20; at 32768 rows of
+# 768 within 6%, of 64-128 layer norm 2.9-4.4 -> 3.2-5.3)
 PROGRAM_BYTES = 2048  # short rows are grouped until a program moves this much (f16 rows of 1024 by two)
 LONE_THREADS = 2  # threads of a lone whole-row program per sqrt(byte) of its block (measured on an H200: 16 KB blocks
 # of softmax and cross-entropy 0.3-0.8 us faster at 8 warps than at 32, a 64 KB one at 16, 512 bytes at 1; norms differ)
 LOOP_ELEMS = 16  # elements per thread in each block of a loop
-MAX_ROW = {"softmax": 32768, "cross_entropy": 32768, "norm": 16384}  # widest row block kept in registers: 32
-# values per thread at 1024 threads, the most without spills (NVRTC for sm_80/sm_90a: the norm spills at 32768)
+SHIFTED_ELEMS = 8  # ... where rows start off 16-byte boundaries and every element loads under its own mask (a
+# compare and a select apiece): there 16 run up to 24% slower than 8 (H200, rows of 50257: softmax f16 4096 rows 1.13 of
+# the best other against 0.94, cross-entropy f32 1024 rows 1.03 against 0.86), where aligned rows (65536) mostly run
+# faster on 16 (up to 25%)
+MAX_ROW = {"softmax": 32768, "cross_entropy": 32768, "norm": 16384, "rmsnorm": 16384}  # widest row block kept in
+# registers: 32 values per thread at 1024 threads, the most without spills (NVRTC, sm_80/sm_90a: norms spill at 32768)
 LONE_BYTES = 65536  # the largest block of a lone whole-row program: one SM streams it in (and out), where a split or a
 # loop spreads it (H200, in graphs of launches: f32 rows of 32768, 1-8 rows 1.5-1.7x slower whole than split for softmax,
 # 1.14-1.40x for cross-entropy, which only reads; 128 rows 1.08-1.09x slower than looped)
 MAX_PARTS = 1024  # chunks per row in a split plan
 TOLERANCE = 1.03  # a preferred candidate within 3% of the fastest wins: the model ranks, it does not measure
-TRAFFIC = {"softmax": 2, "norm": 2, "cross_entropy": 1}  # row passes to DRAM at best: read + write, or read
+TRAFFIC = {"softmax": 2, "norm": 2, "rmsnorm": 2, "cross_entropy": 1}  # row passes to DRAM at best: read + write,
+# or read
 WAIT = 0.7e-6  # seconds a program reduces and waits after each step of loads, whatever the step's size: its SM's
 # memory idles through it unless another program is loading meanwhile, so a step of more bytes idles a smaller part of
 # its time. Measured on an H200, each 0.65-0.78 us: rmsnorm and layer norm f32 128x32768, one program per SM, 2.6-2.7 us
@@ -171,7 +187,7 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
     measured on an H200 they cost time too: layer norm f32 32768 x 11008 30% faster as 8192 + 4096 than as 16384,
     softmax and layer norm f16 32768 x 768 9-28% as 512 + 256; but f32 softmax and cross-entropy 3-5% slower),
     then ROWS (up to `group`) nearest to programs of PROGRAM_BYTES, then fewest warps (the most of the row per
-    thread, up to THREAD_BYTES).
+    thread, up to THREAD_BYTES; for RMS norm first the fewest that hold at most RMS_BYTES a thread, up to 16).
     A launch of at most one program per SM is bound by its programs' latency, not by bytes in flight (the
     time is the same for every candidate): there each program should do the least. Rows are grouped only
     as far as every SM still gets a program (128 rows of 128: a row per program on 128 SMs, not 16 on 8),
@@ -180,10 +196,11 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
     least at sqrt(a / b * bytes) threads. A norm's threads also load the weight (and bias) after the reduction,
     a second dependent step that more threads shorten: there each thread holds NORM_LONE bytes, up to 16 warps
     (measured on an H200 in graphs of launches: layer norm f32 1 x 4096 2.21 us at 16 warps, 2.50 at 32; 8 x 16384
-    5.01 at 16, 6.54 at 32). A lone block over LONE_BYTES is left to loops and splits."""
+    5.01 at 16, 6.54 at 32), and a block of up to 1 KB keeps one warp. A lone block over LONE_BYTES is left to
+    loops and splits."""
     preferred = max(1, min(PROGRAM_BYTES // (n_cols * itemsize), n_rows // g.sms))
     covers = _covers(n_cols + lead)
-    tail_first = n_rows > g.sms and (op == "norm" or itemsize < 4)
+    tail_first = n_rows > g.sms and (op in NORM_LONE or itemsize < 4)
     for block, tail in covers[::-1] if tail_first else covers:
         width = block + tail
         if width > MAX_ROW[op]:
@@ -194,14 +211,20 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
             lone = programs <= g.sms
             if lone and tile > LONE_BYTES:
                 continue
-            best = min(tile / NORM_LONE, 16 * 32) if op == "norm" else LONE_THREADS * math.sqrt(tile)
+            best = LONE_THREADS * math.sqrt(tile) if op not in NORM_LONE else \
+                32 if tile <= 32 * 32 else min(tile / NORM_LONE[op], 16 * 32)
             order = sorted((32, 16, 8, 4, 2, 1), key=lambda w: abs(math.log2(32 * w / best))) if lone else \
                 (1, 2, 4, 8, 16, 32)
+            if op == "rmsnorm" and not lone:  # first the fewest warps that hold at most RMS_BYTES a thread, up to 16
+                order = sorted(order, key=lambda w: (w < 16 and tile > 32 * w * RMS_BYTES, w))
             for warps in order:
                 per_thread = tile // (32 * warps)
                 per_sm = resident(g, warps, registers(rows * width // (32 * warps)))
                 streaming = programs > STREAM_WAVES * g.sms * per_sm and tile <= 2 * 32 * 64
-                too_few = warps < (2 if streaming else MIN_WARPS) and tile >= MIN_WARPS * 512
+                crowded = op in NORM_LONE and not lone and n_rows >= CROWDED * g.sms * g.ctas
+                paired = crowded and rows == warps and tile < 2 * MIN_WARPS * 512
+                too_few = warps < (2 if streaming or paired else MIN_WARPS) and tile >= MIN_WARPS * 512 or \
+                    crowded and warps < 2
                 if per_thread > THREAD_BYTES or per_thread < min(VECTOR, tile // 32) or too_few or \
                         tail and rows * tail * itemsize < 32 * warps * VECTOR:  # a tail gives every thread a vector
                     continue
@@ -222,10 +245,10 @@ def _looped(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu)
     smaller windows of more warps (measured: 16 warps 3-25% faster than the 8 the model had within TOLERANCE,
     layer norm f16 4096x32768 and bf16 1024x32768, rmsnorm bf16 1024x262144, softmax f16 4096x262144 and f32
     4096x128256); fewest first for cross-entropy, which reads once (4-16 warps within 1.5% there)."""
-    row_bytes = n_cols * itemsize
+    row_bytes, elems = n_cols * itemsize, SHIFTED_ELEMS if lead else LOOP_ELEMS
     for warps in (4, 8, 16, 32) if op == "cross_entropy" else (32, 16, 8, 4):
-        block = LOOP_ELEMS * 32 * warps
-        per_sm = resident(g, warps, registers(LOOP_ELEMS))
+        block = elems * 32 * warps
+        per_sm = resident(g, warps, registers(elems))
         window = min(n_rows, g.sms * per_sm) * row_bytes
         hit = min(1.0, L2_SHARE * g.l2_bytes / window) if op != "cross_entropy" else 0.0
         total = n_rows * row_bytes
@@ -240,11 +263,11 @@ def _split(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu):
     SMs that whole rows leave idle, and beyond a wave every SM is full. The second kernel re-reads the input
     (in reverse order: what L2 still holds first), or for cross-entropy only the partial statistics. Both
     kernels loop over their chunks, and a launch of one wave starts its programs together (`seconds`)."""
-    total = n_rows * n_cols * itemsize
+    total, elems = n_rows * n_cols * itemsize, SHIFTED_ELEMS if lead else LOOP_ELEMS
     hit = min(1.0, L2_SHARE * g.l2_bytes / total)
     for warps in (4, 8, 16):
-        block = LOOP_ELEMS * 32 * warps
-        per_sm = resident(g, warps, registers(LOOP_ELEMS))
+        block = elems * 32 * warps
+        per_sm = resident(g, warps, registers(elems))
         parts, seen = 2, 0
         while parts <= MAX_PARTS:
             chunk = _cdiv(_cdiv(n_cols + lead, parts), block) * block
@@ -263,7 +286,7 @@ def _split(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu):
 
 @functools.lru_cache(maxsize=4096)
 def plan(op: str, n_rows: int, n_cols: int, itemsize: int, shift: bool, g: Gpu = Gpu(), grouped: bool = True) -> Plan:
-    """The configuration of a row op ("softmax", "cross_entropy" or "norm") on n_rows x n_cols elements of
+    """The configuration of a row op ("softmax", "cross_entropy", "norm" or "rmsnorm") on n_rows x n_cols elements of
     `itemsize` bytes. With `shift`, rows start off a 16-byte boundary and a block covers 16 bytes more;
     without `grouped`, a program takes one row."""
     options = candidates(op, n_rows, n_cols, itemsize, shift, g, grouped)
@@ -472,7 +495,7 @@ def _cross_entropy(logits: Tensor, target: Tensor, key=None) -> Tensor:
 def _norm_steps(x2: Tensor, rms: bool, bias: bool) -> tuple:
     """Values: A = x, B = weight, C = bias, D = eps, E = out, F = partials."""
     (rows, n), stride = x2.shape, x2.stride(0)
-    p, meta = _configure("norm", x2, n)
+    p, meta = _configure("rmsnorm" if rms else "norm", x2, n)
     mod = _stdlib("norm")
     if p.kind == "rows":
         return [(mod.norm, (_cdiv(rows, p.rows),), (A, B, C, E, rows, n, stride, n, D),

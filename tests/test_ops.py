@@ -274,7 +274,7 @@ WIDTHS = [1, 7, 64, 100, 768, 1000, 1024, 3000, 4096, 5120, 11008, 16384, 32768,
 ROWS = [1, 3, 8, 128, 1024, 4096, 32768]
 
 
-@pytest.mark.parametrize("op", ["softmax", "cross_entropy", "norm"])
+@pytest.mark.parametrize("op", ["softmax", "cross_entropy", "norm", "rmsnorm"])
 def test_plan_covers_every_shape(op):
     """Any shape gets a plan whose blocks cover its rows, within the register and chunk limits."""
     for n in WIDTHS:
@@ -289,8 +289,8 @@ def test_plan_covers_every_shape(op):
                         assert n + lead <= p.block + p.tail <= ops.MAX_ROW[op] and p.rows <= ops._pow2(rows)
                         assert p.tail & (p.tail - 1) == 0 and p.tail < p.block
                         assert p.rows * (p.block + p.tail) * itemsize <= 32 * p.warps * ops.THREAD_BYTES
-                    else:
-                        assert p.block >= ops.LOOP_ELEMS * 32 * p.warps
+                    else:  # rows off 16-byte boundaries mask every element: their loops step through fewer a thread
+                        assert p.block == (ops.SHIFTED_ELEMS if shift else ops.LOOP_ELEMS) * 32 * p.warps
                     if p.kind == "split":
                         assert 2 <= p.parts <= ops.MAX_PARTS and p.chunk % p.block == 0
                         assert (p.parts - 1) * p.chunk < n + lead <= p.parts * p.chunk
@@ -329,7 +329,43 @@ def test_plan_shapes_the_launch_to_the_input():
     assert small.parts < ops.plan("cross_entropy", 8, 128256, 2, False, g).parts
 
 
-@pytest.mark.parametrize("op", ["softmax", "cross_entropy", "norm"])
+def test_loops_over_rows_off_16_byte_boundaries_step_through_fewer_elements():
+    """Each element of a row off 16-byte boundaries loads under its own mask: there a loop holds 8 a thread, not 16."""
+    g = Gpu()
+    for op in ("softmax", "cross_entropy", "norm", "rmsnorm"):
+        aligned, shifted = ops.plan(op, 4096, 65536, 2, False, g), ops.plan(op, 4096, 50257, 2, True, g)
+        assert aligned.kind == shifted.kind == "looped" and aligned.warps == shifted.warps
+        assert (aligned.block // (32 * aligned.warps), shifted.block // (32 * shifted.warps)) == (16, 8)
+
+
+def test_rms_norm_takes_more_warps_than_layer_norm():
+    """RMS norm reduces once, layer norm twice (the mean, then the squares about it): the warps cost RMS norm less."""
+    g = Gpu()
+    # lone programs: 16 bytes a thread against 32 (8 KB: 16 warps against 8); a block one warp holds at 32 bytes a
+    # thread stays on one warp, whose reduction needs no barrier
+    assert [ops.plan(op, 128, 4096, 2, False, g).warps for op in ("rmsnorm", "norm")] == [16, 8]
+    assert [ops.plan(op, 1, 512, 2, False, g).warps for op in ("rmsnorm", "norm")] == [1, 1]
+    # many rows: the fewest warps that hold at most RMS_BYTES a thread (16 KB: 8 warps, where layer norm takes 4) ...
+    for rows, n, itemsize in ((1024, 8192, 2), (1024, 4096, 4)):
+        rms, layer = (ops.plan(op, rows, n, itemsize, False, g) for op in ("rmsnorm", "norm"))
+        assert rms.kind == layer.kind == "rows" and (rms.warps, layer.warps) == (8, 4)
+    # ... where 16 warps can: a 64 KB row keeps 16 warps, as layer norm's does
+    assert ops.plan("rmsnorm", 4096, 16384, 4, False, g).warps == ops.plan("norm", 4096, 16384, 4, False, g).warps == 16
+
+
+def test_norms_pair_rows_where_one_warp_programs_would_crowd_the_block_slots():
+    """A one-warp program per row is capped by the SMs' block slots (32 each), not by warps: where such programs would
+    fill half of them, a norm takes two rows on two warps (a warp a row, the weight loaded once for both); with fewer
+    rows, or for softmax (no weight), one warp a row stays."""
+    g = Gpu()
+    for op in ("norm", "rmsnorm"):
+        for n in (512, 768):
+            assert (lambda p: (p.rows, p.warps))(ops.plan(op, 4096, n, 2, False, g)) == (2, 2), (op, n)
+        assert ops.plan(op, 1024, 768, 2, False, g).warps == 1
+    assert ops.plan("softmax", 4096, 768, 2, False, g).warps == 1
+
+
+@pytest.mark.parametrize("op", ["softmax", "cross_entropy", "norm", "rmsnorm"])
 def test_split_only_where_rows_leave_sms_idle(op):
     """Cutting rows into chunks pays a second kernel and a round of partial statistics to fill SMs that whole rows
     would leave idle: a row per SM already fills the GPU (128 rows of 32768 or wider), and a row far wider
