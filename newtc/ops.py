@@ -732,6 +732,9 @@ def _arch(t: Tensor) -> str:
 # per tile, at 4096^3 over its waves' fill; bench/RESULTS.md, thirteenth session). A bigger tile reads less per
 # product but leaves more SMs idle on its last wave; _matmul_config weighs the two.
 MATMUL_TILES = {(128, 256, 8, 4): 661, (128, 128, 4, 4): 516, (64, 128, 4, 6): 435, (64, 64, 4, 6): 382}
+SHORT_K = 2  # K steps up to which a lone program per SM leaves its first loads and its stores exposed, where tiles of
+# two or more programs an SM overlap them (H200, f16, K of 64 and 128 at 4096-16384 rows: 128x128 1.11-1.20x 128x256,
+# which still wins by 15% at 4 steps)
 
 
 def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", sms: int = Gpu.sms,
@@ -745,7 +748,9 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
     1024^3 64x128 (128 tiles, where 128x256 would leave 100 SMs idle), and 3072^3 still 128x256 (73% of 3 waves at its
     rate beats 97% at 64x128's). 128x256 keeps a 4-slot ring: 3 slots leave asynchronous wgmma one tile of prefetch (504
     against 621 TFLOP/s at 4096^3 in the eighth session). f32 (tf32) halves BK. With `ws` (a producer warpgroup), the
-    ring stays in use while the tile's output goes out through shared memory, so the slots share the limit with that."""
+    ring stays in use while the tile's output goes out through shared memory, so the slots share the limit with that.
+    A K loop of at most SHORT_K steps takes a tile two programs an SM can share, and without `ws` no more slots than
+    K steps and one (4096x4096x64: 128x128 in 2 slots, 129 TFLOP/s, where 128x256 ran 109 and 128x128 in 4 slots 90)."""
     smem_limit = smem.LIMIT.get(arch, 48 * 1024)
     if m <= 64:
         bm = max(16, _pow2(m))
@@ -756,14 +761,22 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
         def work(tile: tuple) -> float:
             waves = _cdiv(_cdiv(m, tile[0]) * _cdiv(n, tile[1]), sms)
             return MATMUL_TILES[tile] * m * n / (waves * sms * tile[0] * tile[1])
-        bm, bn, warps, stages = max(MATMUL_TILES, key=work)
+
+        def shared_sm(tile: tuple) -> bool:  # two programs fit an SM's registers: the accumulator's and ~26 more each
+            bm, bn, warps, _ = tile
+            return 2 * (bm * bn + 26 * 32 * warps) <= Gpu.regs
+        short = _cdiv(k, 64 if itemsize < 4 else 32) <= SHORT_K
+        bm, bn, warps, stages = max((t for t in MATMUL_TILES if not short or shared_sm(t)), key=work)
         cfg = dict(BM=bm, BN=bn, BK=64, num_warps=warps, num_stages=stages)
     if itemsize == 4:
         cfg["BK"] //= 2
     cfg["BK"] = min(cfg["BK"], max(16, _pow2(k)))
     ring = (cfg["BM"] + cfg["BN"]) * cfg["BK"] * itemsize  # one slot of the A and B rings
     out = cfg["BM"] * cfg["BN"] * itemsize if ws else 0
-    cfg["num_stages"] = max(2, min(cfg["num_stages"], (smem_limit - out) // ring))
+    cap = (smem_limit - out) // ring
+    if not ws:  # no more slots than K steps and one: the rest would never fill (with ws, the next tile's K steps do)
+        cap = min(cap, _cdiv(k, cfg["BK"]) + 1)  # and would only crowd out a second program per SM
+    cfg["num_stages"] = max(2, min(cfg["num_stages"], cap))
     return cfg
 
 

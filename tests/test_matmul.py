@@ -99,6 +99,19 @@ def test_the_tile_by_shape_fills_the_sms():
     assert tiles(65536, 64)[0] == (64, 64)  # a 128x256 tile would compute 4 columns for each one of C's
 
 
+def test_a_short_k_loop_takes_tiles_that_share_an_sm_and_only_the_slots_it_fills():
+    """With at most two K steps, a lone 128x256 program per SM leaves its first loads and its stores exposed: ops takes
+    a tile two programs an SM can share, and (without a producer, whose ring also holds the next tile's steps) no more
+    ring slots than K steps and one. Longer K loops keep 128x256 in 4 slots."""
+    for k, slots in ((64, 2), (128, 3)):
+        cfg = ops._matmul_config(4096, 4096, k, 2, "sm_90a", 132)
+        assert (cfg["BM"], cfg["BN"], cfg["num_warps"], cfg["num_stages"]) == (128, 128, 4, slots), k
+        assert ops._matmul_config(4096, 4096, k, 2, "sm_90a", 132, ws=True)["num_stages"] >= 3
+    for k in (256, 4096):
+        cfg = ops._matmul_config(4096, 4096, k, 2, "sm_90a", 132)
+        assert (cfg["BM"], cfg["BN"], cfg["num_stages"]) == (128, 256, 4), k
+
+
 def test_matmul_rejects_bad_operands():
     with pytest.raises(newtc.NkError, match=r"matmul takes \[M, K\] @ \[K, N\]"):
         ops.matmul(torch.randn(3, 4), torch.randn(5, 6))
