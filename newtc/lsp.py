@@ -329,8 +329,8 @@ class Document:
         sig, defines = cli.parse_sig(_Reject(span), r["sig"]), cli.parse_defines(_Reject(span), r["defines"])
         if {*sig, *defines} - {p.name for p in d.params}:
             raise NkError("stale record", span)
-        options = {k: r[k] for k in ("num_warps", "num_stages", "num_ctas", "idx64", "aligned", "eights", "ones", "positive",
-                                     "arch") if k in r}
+        options = {k: r[k] for k in ("num_warps", "num_stages", "num_ctas", "idx64", "aligned", "eights", "ones",
+                                     "positive", "arch") if k in r}
         return sig, defines, options, f"the last launch (recorded {_ago(r['time'])})"
 
     # ---- positions ---------------------------------------------------------------------------------
@@ -560,8 +560,8 @@ def describe(v: ir.Value) -> str:
 
 def spec_text(spec: Spec) -> str:
     items = [f"{n}={t.name}" for n, t in spec.sig] + [f"{n}={v!r}" for n, v in spec.constexprs]
-    return ", ".join(items + [f"num_warps={spec.num_warps}"] + [f"num_stages={spec.num_stages}"] * (spec.num_stages != 1)
-                     + [f"num_ctas={spec.num_ctas}"] * (spec.num_ctas != 1))
+    options = [f"num_warps={spec.num_warps}"] + [f"num_stages={spec.num_stages}"] * (spec.num_stages != 1)
+    return ", ".join(items + options + [f"num_ctas={spec.num_ctas}"] * (spec.num_ctas != 1))
 
 
 def _ago(t: float) -> str:

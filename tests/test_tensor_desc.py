@@ -466,7 +466,8 @@ def test_clusters_share_copies_and_match_torch(device, name, tile):
     of the last cluster has no rows), K of 0, 40 (fewer iterations than slots) and 1000 (the producer laps the
     ring); with a program per tile and persistent clusters (2 and 4 programs)."""
     bm, bn, bk, warps, stages, halves = tile
-    shapes = [(40, 72, 56)] if device == "cpu" else [(m, n, k) for m, n in ((300, 264), (bm, bn)) for k in (0, 40, 1000)]
+    shapes = [(40, 72, 56)] if device == "cpu" else \
+        [(m, n, k) for m, n in ((300, 264), (bm, bn)) for k in (0, 40, 1000)]
     kernel = getattr(ops._stdlib("matmul"), name)
     for m, n, k in shapes:
         for grid in (cdiv(cdiv(m, bm), 2) * 2 * cdiv(n, bn), 2, 4):

@@ -271,7 +271,8 @@ def tma_load(cg, op: ir.Op) -> None:
     text = "cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
     barrier = f'"r"({mbarrier(cg, bars, slot)})'
     if cast == 1:
-        copies = tensor_copies(cg, op, view, row, col, outer, text + " [%1], [%0, {{{coords}}}], [%{next}];", (barrier,))
+        copies = tensor_copies(cg, op, view, row, col, outer, text + " [%1], [%0, {{{coords}}}], [%{next}];",
+                               (barrier,))
     else:
         copies = tensor_copies(cg, op, view, row, col, outer, text + ".multicast::cluster [%1], [%0, {{{coords}}}], "
                                "[%{next}], %{after};", (barrier, f'"h"((unsigned short){(1 << cast) - 1})'))
@@ -312,11 +313,13 @@ def mbar_arrive(cg, op: ir.Op) -> None:
                           f'shared::cluster.b64 _, [ra]; }}" :: "r"({mbarrier(cg, bars, slot)}) : "memory");'
                           for r in range(op.attrs["ctas"]))
     else:
-        arrive = f'asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"({mbarrier(cg, bars, slot)}) : "memory");'
+        arrive = f'asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"({mbarrier(cg, bars, slot)}) ' \
+            ': "memory");'
     cg.emit(f"__syncwarp(); if (nk_lane == 0 && {cg.scalar(cond)}) {{ {arrive} }}")
 
 
 def cluster_sync(cg, op: ir.Op) -> None:
     """Every thread of the cluster that has not left waits for all the others; what each wrote before (barriers set,
     arrivals) is visible to all after."""
-    cg.emit('asm volatile("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;" ::: "memory");')
+    cg.emit('asm volatile("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;" '
+            '::: "memory");')
