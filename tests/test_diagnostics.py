@@ -312,6 +312,9 @@ def test_bad_num_ctas_at_launch():
     mod = newtc.compile(ADD, "launch8.nk")
     with pytest.raises(newtc.NkError, match="num_ctas=2: clusters need sm_90 or later, not sm_80"):
         mod.add.output(add_args(), dict(BLOCK=128, num_ctas=2), "checked", "sm_80")
+    err = launch_error(ADD, "launch9.nk", *add_args(), BLOCK=128, num_ctas=2)  # a grid of (1,)
+    assert_diagnostic(err, "launch9.nk", 1, 1, "a grid of 1 programs along x is not whole clusters of num_ctas=2",
+                      "launch a multiple of 2 programs along x")
 
 
 def test_unsupported_argument_types():
