@@ -46,6 +46,7 @@ CONSTANTS = {"inf": math.inf, "nan": math.nan, **DTYPES}
 LOOPS = ("range", "static_range")
 # Limits that keep every later stage (and NVRTC) within seconds; docs/language.md lists them.
 MAX_BLOCK = 2**20  # elements of one block, as in Triton
+CLUSTERS = (1, 2, 4, 8)  # CTAs a cluster may have: the portable sizes
 MAX_PER_THREAD = 512  # elements of one block per thread (num_warps * 32 threads); NVRTC time grows faster
 MAX_STATEMENTS = 2**17  # statements checked, after static_range unrolling and helper inlining
 MAX_CONST = 2**64  # compile-time integers stay within (-MAX_CONST, MAX_CONST)
@@ -1048,7 +1049,7 @@ def check(module: A.Module, name: str, spec) -> ir.Kernel:
         raise NkError(f"num_warps={spec.num_warps!r} must be a power of two from 1 to 32", d.span)
     if type(spec.num_stages) is not int or spec.num_stages < 1:
         raise NkError(f"num_stages={spec.num_stages!r} must be an integer of at least 1", d.span)
-    if type(spec.num_ctas) is not int or spec.num_ctas not in (1, 2, 4, 8):
+    if type(spec.num_ctas) is not int or spec.num_ctas not in CLUSTERS:
         raise NkError(f"num_ctas={spec.num_ctas!r} must be 1, 2, 4 or 8 (a portable cluster)", d.span)
     if spec.num_ctas > 1 and int("".join(filter(str.isdigit, spec.arch))) < 90:
         raise NkError(f"num_ctas={spec.num_ctas}: clusters need sm_90 or later, not {spec.arch}", d.span,

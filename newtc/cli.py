@@ -54,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
                    default=4, metavar="N", help="warps per program: 1, 2, 4, 8, 16 or 32 (default: 4)")
     p.add_argument("--num-stages", type=count("at least 1", lambda n: n >= 1), default=1, metavar="N",
                    help="slots of the cp.async ring feeding dot in runtime loops (default: 1)")
-    p.add_argument("--num-ctas", type=count("1, 2, 4 or 8", lambda n: n in (1, 2, 4, 8)), default=1, metavar="N",
+    p.add_argument("--num-ctas", type=count("1, 2, 4 or 8", lambda n: n in check.CLUSTERS), default=1, metavar="N",
                    help="CTAs a cluster (sm_90): programs launched together that may share TMA copies (default: 1)")
     p.add_argument("--arch", default="sm_90a", type=arch,
                    help="GPU architecture for ptx/cubin/sass: sm_XY[a], or compute_XY[a] for PTX only (default: sm_90a)")

@@ -426,8 +426,8 @@ class Kernel:
         device = devices.pop() if devices else -1
         grid = self.launch_grid(grid(meta) if callable(grid) else grid)
         ctas = meta.get("num_ctas", 1)
-        if ctas in (2, 4, 8) and grid[0] % ctas:  # the driver would refuse it, the interpreter not (the checker names
-            # a bad num_ctas)
+        if ctas in check.CLUSTERS and grid[0] % ctas:  # the driver would refuse it, the interpreter not (the checker
+            # names a bad num_ctas)
             raise NkError(f"kernel '{self.name}': a grid of {grid[0]} programs along x is not whole clusters of "
                           f"num_ctas={ctas}", self.defn.span, f"launch a multiple of {ctas} programs along x")
         if device < 0 or INTERPRET:

@@ -762,9 +762,9 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
             waves = _cdiv(_cdiv(m, tile[0]) * _cdiv(n, tile[1]), sms)
             return MATMUL_TILES[tile] * m * n / (waves * sms * tile[0] * tile[1])
 
-        def shared_sm(tile: tuple) -> bool:  # two programs fit an SM's registers: the accumulator's and ~26 more each
+        def shared_sm(tile: tuple) -> bool:  # two programs fit an SM: a thread's accumulator registers and ~26 more
             bm, bn, warps, _ = tile
-            return 2 * (bm * bn + 26 * 32 * warps) <= Gpu.regs
+            return resident(Gpu(), warps, bm * bn // (32 * warps) + 26) >= 2
         short = _cdiv(k, 64 if itemsize < 4 else 32) <= SHORT_K
         bm, bn, warps, stages = max((t for t in MATMUL_TILES if not short or shared_sm(t)), key=work)
         cfg = dict(BM=bm, BN=bn, BK=64, num_warps=warps, num_stages=stages)

@@ -268,14 +268,12 @@ def tma_load(cg, op: ir.Op) -> None:
     completing on each one's barrier there."""
     view, bars, slot, valid, row, col, *outer = op.args
     cast = op.attrs.get("cast", 1)
-    text = "cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
-    barrier = f'"r"({mbarrier(cg, bars, slot)})'
-    if cast == 1:
-        copies = tensor_copies(cg, op, view, row, col, outer, text + " [%1], [%0, {{{coords}}}], [%{next}];",
-                               (barrier,))
-    else:
-        copies = tensor_copies(cg, op, view, row, col, outer, text + ".multicast::cluster [%1], [%0, {{{coords}}}], "
-                               "[%{next}], %{after};", (barrier, f'"h"((unsigned short){(1 << cast) - 1})'))
+    shared = cast > 1  # multicast: each box into every CTA's slot, under a mask of the CTAs
+    text = ("cp.async.bulk.tensor.{rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
+            + ".multicast::cluster" * shared + " [%1], [%0, {{{coords}}}], [%{next}]" + ", %{after}" * shared + ";")
+    extra = (f'"r"({mbarrier(cg, bars, slot)})',) + (f'"h"((unsigned short){(1 << cast) - 1})',) * shared
+    copies = tensor_copies(cg, op, view, row, col, outer, text, extra)
+    if shared:
         copies = ['unsigned nk_rank; asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(nk_rank));',
                   *(f"if (nk_rank == {j % cast}) {c}" for j, c in enumerate(copies))]
     cg.emit(f"if ({cg.issuer} && {cg.scalar(valid)}) {{ {' '.join(copies)} }}")

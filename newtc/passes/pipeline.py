@@ -463,7 +463,7 @@ class Pipeliner:
             desc = load.attrs["desc"] if plan and ctas > 1 else None  # its starts, then its outer indices
             if desc and all(map(self.uniform, (*desc[3], *(i for i, _ in desc[4])))):
                 plan["cast"] = ctas
-        cast = {"ctas": ctas} if any(plan and "cast" in plan for plan in plans) else {}
+        sharing = ctas if any(plan and "cast" in plan for plan in plans) else 1  # CTAs whose slots each copy fills
         setup: list[ir.Op] = []  # the rings and barriers: before the anchor, for all of its iterations
 
         def barriers(count: int) -> ir.Value:
@@ -473,8 +473,8 @@ class Pipeliner:
             setup.extend([b, ir.Op("mbar_init", [b.result], [], {"count": count}, span)])
             return b.result
         bars = barriers(1) if any(plans) else None  # full: the bytes of all the slot's TMA copies, armed by the issuer
-        empty = barriers(self.k.spec.num_warps * cast.get("ctas", 1)) if ws else None  # empty: each consumer warp
-        # (of each CTA sharing copies), done reading the slot
+        empty = barriers(self.k.spec.num_warps * sharing) if ws else None  # empty: each consumer warp (of each CTA
+        # sharing copies), done reading the slot
         tma_bytes = sum(ir.buffer_bytes(store.args[0]) for (store, *_), plan in zip(found, plans) if plan)
 
         def copies(out: list, new_iv: ir.Value, bases: list, times: int, slot: ir.Value, rings: list,
@@ -597,7 +597,7 @@ class Pipeliner:
             """Where `cond` holds, the consumers' warps release the slot before `slot` to the producer."""
             back = self.scalar(out, "add", [slot, self.const(out, s_count - 1, i32, span)], i32, span)
             prev = self.scalar(out, "mod", [back, self.const(out, s_count, i32, span)], i32, span)
-            out.append(ir.Op("mbar_arrive", [empty, prev, cond], [], dict(cast), span))
+            out.append(ir.Op("mbar_arrive", [empty, prev, cond], [], {"ctas": sharing} if sharing > 1 else {}, span))
         if ws:  # the group waited for read the previous iteration's slot
             release(issue, r_slot, self.scalar(issue, "ne", [iv, lo], bool_, span))
         body.ops = head + (rest + issue if lagging else issue + rest) + tail + [yield_op]
@@ -615,7 +615,7 @@ class Pipeliner:
         # once every thread is done waiting: the bytes may be reused, or the loop run again
         teardown = [ir.Op("mbar_inval", [b], [], {}, span) for b in (bars, empty) if b is not None]
         producers = [roles] if ws else []
-        if cast:  # the barriers are set in every CTA before any copy or arrival reaches them, and no CTA leaves (or
+        if sharing > 1:  # the barriers are set in every CTA before any copy or arrival reaches them, and no CTA leaves (or
             # invalidates them) while another may still arrive on them
             setup.append(ir.Op("cluster_sync", [], [], {}, span))
             teardown.insert(0, ir.Op("cluster_sync", [], [], {}, span))
