@@ -33,7 +33,8 @@ def us_per_launch(launch, n: int, rounds: int) -> float | str:
 
 
 def newt_launches(x, y, out):
-    """newt's `add` through the user path, and the same cached function through driver.launch alone."""
+    """newt's `add` through the user path; the cached launch function alone (torch's compiled launcher where torch has
+    one), and the same through ctypes (Launcher.packed); and driver.launch alone, with the arguments packed once."""
     import newtc
     import torch
     from newtc import driver
@@ -45,9 +46,12 @@ def newt_launches(x, y, out):
 
     launch()
     fn = next(iter(add.launchers.values())).launcher
-    _, params = fn.local.buffers  # this thread's argument slots, already packed by the launch above
-    stream = torch.cuda.current_stream().cuda_stream
-    return launch, lambda: driver.launch(fn.func, (1, 1, 1), (fn.threads, 1, 1), fn.smem, stream, params)
+    stream, values = torch.cuda.current_stream().cuda_stream, (x.data_ptr(), y.data_ptr(), out.data_ptr(), 1)
+    packed, function = fn.packed(), fn.function()
+    packed(stream, values, 1)
+    _, params = fn.local.buffers  # this thread's argument slots, packed by the launch above
+    return (launch, lambda: function(stream, values, 1), lambda: packed(stream, values, 1),
+            lambda: driver.launch(fn.func, (1, 1, 1), (fn.threads, 1, 1), fn.smem, stream, params))
 
 
 def tiny_ops(device: str):
@@ -83,14 +87,15 @@ def run(quick=False):
     x, y, out = torch.randn(1, device="cuda"), torch.randn(1, device="cuda"), torch.empty(1, device="cuda")
     times = {}
     try:
-        newt, raw = newt_launches(x, y, out)
-        out.fill_(float("nan"))
-        times["newt"] = us_per_launch(newt, n, rounds)
-        if not torch.equal(out, x + y):
-            times["newt"] = "wrong: out != x + y"
+        newt, function, packed, raw = newt_launches(x, y, out)
+        for name, fn in (("newt", newt), ("launch function", function), ("its ctypes path", packed)):
+            out.fill_(float("nan"))
+            times[name] = us_per_launch(fn, n, rounds)
+            if not torch.equal(out, x + y):
+                times[name] = "wrong: out != x + y"
         times["raw cuLaunchKernel"] = us_per_launch(raw, n, rounds)
     except Exception as e:
-        times["newt"] = times["raw cuLaunchKernel"] = failure(e)
+        times["newt"] = times["launch function"] = times["its ctypes path"] = times["raw cuLaunchKernel"] = failure(e)
     try:
         from triton_kernels import add_kernel
         out.fill_(float("nan"))
@@ -101,11 +106,14 @@ def run(quick=False):
         times["Triton"] = failure(e)
     times["torch"] = us_per_launch(lambda: x.add_(1), n, rounds)
     row = {"kernel": "launch, cached tiny kernel", "shape": "1 element"}
-    row |= {f"{k} us": times[k] for k in ("newt", "Triton", "torch", "raw cuLaunchKernel")}
+    row |= {f"{k} us": times[k] for k in ("newt", "launch function", "its ctypes path", "Triton", "torch",
+                                            "raw cuLaunchKernel")}
     row["newt/Triton"] = ratio(times["Triton"], times["newt"])
     return [Table("launch cost (us per launch, host clock)", [row],
                   f"{n} back-to-back launches of add with n=1 (torch: x.add_(1)), median of {rounds}; "
-                  "raw = newt's cached function and prebuilt params through newtc.driver.launch."),
+                  "launch function: the cached launch alone (through torch's compiled launcher where "
+                  "torch has one); its ctypes path: the same without it (Launcher.packed); raw = newt's cached function "
+                  "and prebuilt params through newtc.driver.launch."),
             Table("op call cost (us per call, host clock)", op_rows(n, rounds),
                   f"{n} back-to-back calls of each op on a 4x128 f32 tensor, median of {rounds}: newtc.ops (its bound "
                   "path after the first call) against the torch op; newt/torch above 1: newt's call is cheaper.")]

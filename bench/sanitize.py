@@ -4,7 +4,7 @@
     compute-sanitizer --tool racecheck python bench/sanitize.py
 
 Pipelined matmuls (cp.async rings, ldmatrix), a transposed operand, the epilogue, reductions across warps,
-row kernels, the transpose, an atomic histogram; TMA copies into an mbarrier ring, a warp-specialized one, and one in clusters; attention forward and backward; scans, a sort and a histogram
+row kernels, the transpose, an atomic histogram; TMA copies into an mbarrier ring, a warp-specialized one, and one in clusters; stream-K's parts and flags; attention forward and backward; scans, a sort and a histogram
 across warps; a spin lock on a scalar atomic in a `while` loop; block pointers; fp8 conversions. Without a GPU it
 runs the same kernels through the interpreter (a check that the script itself is right)."""
 import itertools
@@ -38,6 +38,12 @@ def main() -> None:
         a, b, c = torch.randn(m, k, device=d).half(), torch.randn(k, n, device=d).half(), torch.empty(m, n, device=d).half()
         ops._stdlib("matmul").matmul[(grid,)](a, b, c, m, n, k, k, 1, n, 1, n, 1, BM=128, BN=128, BK=32, GROUP_M=8,
                                               WS=True, CTAS=2, num_warps=8, num_stages=3, num_ctas=2)
+    m, n, k = 300, 264, 136  # stream-K: 9 tiles' K steps over 6 programs, parts through memory and flags
+    a, b, c = torch.randn(m, k, device=d).half(), torch.randn(k, n, device=d).half(), torch.empty(m, n, device=d).half()
+    ops._stdlib("matmul").matmul_sk[(6,)](a, b, c, c, torch.empty(6 * 128 * 128, device=d),
+                                          torch.zeros(6, device=d, dtype=torch.int32), m, n, k, k, 1, n, 1, n, 1, 9,
+                                          BM=128, BN=128, BK=32, GROUP_M=8, num_warps=8, num_stages=3)
+    assert torch.allclose(c.float(), a.float() @ b.float(), atol=0.1, rtol=0.02)
     a, b = torch.randn(90, 100, device=d).half().t(), torch.randn(90, 70, device=d).half()
     ops.matmul(a, b, torch.randn(70, device=d).half(), "gelu")
     x = torch.randn(33, 3000, device=d)

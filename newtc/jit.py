@@ -107,7 +107,7 @@ def scalar_problem(t, a) -> str:
     if t.is_int and isinstance(a, float):
         return f"is not an integer; the parameter is {t}"
     try:
-        struct.pack(SLOT[t.name], a)  # the launch packs it so: the same range checks
+        struct.pack("<" + SLOT[t.name], a)  # the launch packs it so (standard sizes: floats range-checked too)
         return ""
     except (struct.error, OverflowError):
         if t.is_int:
@@ -130,6 +130,10 @@ def needs_idx64(args) -> bool:
 # One buffer per launch: the launch config, then an 8-byte slot per argument, packed by one struct call.
 SLOT = {"bool": "?7x", "i8": "b7x", "i16": "h6x", "i32": "i4x", "i64": "q", "u8": "B7x", "u16": "H6x",
         "u32": "I4x", "u64": "Q", "f32": "f4x", "f64": "d"}
+# torch's compiled launcher's letters for the types whose values the specialization key keeps in range (int) or that
+# it checks itself (i64, f64); narrower ints go through the packed path, which checks them
+STATIC = {"bool": "b", "i32": "i", "i64": "l", "f32": "f", "f64": "d"}
+FLT_MAX = 3.4028234663852886e38
 CONFIG_BYTES = struct.calcsize(driver.LAUNCH_CONFIG)  # the arguments' slots follow the launch config
 WRONG_CONTEXT = (201, 400)  # CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE
 INVALID_VALUE = 1
@@ -175,7 +179,33 @@ class Launcher:
 
     def function(self):
         """The launch as a closure over everything constant (no attribute lookups): launch(stream, values,
-        *grid) packs the config and the arguments into this thread's buffer and calls the driver once."""
+        *grid). Through torch's compiled launcher (inductor's, one C call that reads the values and calls the driver)
+        where this torch has one and it takes every argument's type, else `packed`. Whatever it refuses (a grid
+        beyond the device's, another device's context current) goes through `packed`, which names it or switches
+        the context."""
+        packed = self.packed()
+        static = getattr(torch._C, "_StaticCudaLauncher", None)
+        kinds = "".join("K" if isinstance(t, Ptr) else STATIC.get(t.name, "?") for t in self.types)
+        if static is None or self.tmaps or "?" in kinds:
+            return packed
+        # it casts a float to f32 with no range check: finite values beyond f32's go through `packed`, which names them
+        fits = "".join(f" and -{FLT_MAX!r} <= values[{i}] <= {FLT_MAX!r}" for i, k in enumerate(kinds) if k == "f")
+        scope = dict(run=static._launch_kernel, packed=packed, func=self.func, warps=self.threads // 32, smem=self.smem,
+                     kinds=kinds)
+        exec("def launch(stream, values, gx, gy=1, gz=1):\n"
+             f"    if gx and gy and gz{fits}:\n"
+             "        try:\n"
+             "            return run(func, gx, gy, gz, warps, smem, kinds, values, stream)\n"
+             "        except (RuntimeError, TypeError, OverflowError):\n"
+             "            pass\n"
+             "    packed(stream, values, gx, gy, gz)\n", scope)
+        launch = scope["launch"]
+        launch.launcher, launch.types, launch.kinds = self, self.types, kinds
+        return launch
+
+    def packed(self):
+        """launch(stream, values, *grid) that packs the config and the arguments into this thread's buffer and
+        calls the driver once through ctypes."""
         local, buffers, pack, cu_launch, cu_func = self.local, self.buffers, self.pack, self.cu_launch, self.cu_func
         threads, smem, failed = self.threads, self.smem, self.failed
 
@@ -201,8 +231,7 @@ class Launcher:
             def launch(stream, values, gx, gy=1, gz=1):
                 values = tuple(values)
                 plain_launch(stream, values + encode(values), gx, gy, gz)
-        launch.launcher = self
-        launch.types = self.types
+        launch.launcher, launch.types = self, self.types
         return launch
 
     def failed(self, rc: int, buf, params, gy: int, gz: int) -> None:

@@ -732,6 +732,11 @@ def _arch(t: Tensor) -> str:
 # per tile, at 4096^3 over its waves' fill; bench/RESULTS.md, thirteenth session). A bigger tile reads less per
 # product but leaves more SMs idle on its last wave; _matmul_config weighs the two.
 MATMUL_TILES = {(128, 256, 8, 4): 661, (128, 128, 4, 4): 516, (64, 128, 4, 6): 435, (64, 64, 4, 6): 382}
+SK_STEPS = 8  # K steps from which the tiles past the last full wave may go stream-K (stdlib matmul_sk)
+SK_IDLE = 0.04  # ... where the tiles' waves would leave more than this part of the SMs' time idle. Its cost: each run
+# adds a part through memory, and the runs read A and B at other K steps than their neighbours, out of L2's reach
+# (H200, f16, against the same tiles a program each: 3-27% idle gained 2.5-10% (3072^3, 4097^3, 5120^3, 4096x11008x4096,
+# 2000x4100x1000); at 3% idle it lost up to 11% (4096^3 5%, 1024x8192x8192 11%, 8192^3 and 16384x4096x4096 even))
 SHORT_K = 2  # K steps up to which a lone program per SM leaves its first loads and its stores exposed, where tiles of
 # two or more programs an SM overlap them (H200, f16, K of 64 and 128 at 4096-16384 rows: 128x128 1.11-1.20x 128x256,
 # which still wins by 15% at 4 steps)
@@ -758,14 +763,17 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
         bk = 256 if 6 * (bm + bn) * 256 * itemsize <= smem_limit else 128
         cfg = dict(BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=6)
     else:
+        steps = _cdiv(k, 64 if itemsize < 4 else 32)
+
         def work(tile: tuple) -> float:
-            waves = _cdiv(_cdiv(m, tile[0]) * _cdiv(n, tile[1]), sms)
+            tiles = _cdiv(m, tile[0]) * _cdiv(n, tile[1])
+            waves = tiles / sms if arch == "sm_90a" and _stream_k(tiles, steps, sms) else _cdiv(tiles, sms)
             return MATMUL_TILES[tile] * m * n / (waves * sms * tile[0] * tile[1])
 
         def shared_sm(tile: tuple) -> bool:  # two programs fit an SM: a thread's accumulator registers and ~26 more
             bm, bn, warps, _ = tile
             return resident(Gpu(), warps, bm * bn // (32 * warps) + 26) >= 2
-        short = _cdiv(k, 64 if itemsize < 4 else 32) <= SHORT_K
+        short = steps <= SHORT_K
         bm, bn, warps, stages = max((t for t in MATMUL_TILES if not short or shared_sm(t)), key=work)
         cfg = dict(BM=bm, BN=bn, BK=64, num_warps=warps, num_stages=stages)
     if itemsize == 4:
@@ -778,6 +786,16 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
         cap = min(cap, _cdiv(k, cfg["BK"]) + 1)  # and would only crowd out a second program per SM
     cfg["num_stages"] = max(2, min(cfg["num_stages"], cap))
     return cfg
+
+
+def _stream_k(tiles: int, steps: int, sms: int) -> int:
+    """The tiles that go stream-K: none where the tiles' waves leave the SMs idle SK_IDLE of the time or less, or
+    the tiles are fewer than a wave, or the K loop is short (SK_STEPS); else those past the last full wave but one (all of them, under two waves), so that each
+    program's run is one to two tiles long (as CUTLASS's hybrid stream-K: a run of a few steps would add a part
+    through memory for little work)."""
+    if tiles < sms or steps < SK_STEPS or 1 - tiles / (_cdiv(tiles, sms) * sms) <= SK_IDLE:
+        return 0
+    return tiles % sms + sms if tiles >= 2 * sms else tiles
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
@@ -803,15 +821,26 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, k
         raise NkError(f"matmul's bias has one value per column of the product, [{n}]; got {list(bias.shape)}")
     if m == 0 or n == 0:
         return torch.empty((m, n), dtype=a.dtype, device=a.device)
-    cfg = _matmul_config(m, n, k, a.element_size(), _arch(a), gpu(a.get_device()).sms)
-    grid = (_cdiv(m, cfg["BM"]) * _cdiv(n, cfg["BN"]),)
+    sms = gpu(a.get_device()).sms
+    cfg = _matmul_config(m, n, k, a.element_size(), _arch(a), sms)
+    tiles = _cdiv(m, cfg["BM"]) * _cdiv(n, cfg["BN"])
     meta = dict(GROUP_M=8, ACTIVATION=activation or "none", **cfg)
     sizes, mod = (m, n, k, *a.stride(), *b.stride(), n, 1), _stdlib("matmul")
-    inputs, step = (a, b), (mod.matmul, grid, (A, B, C, *sizes), meta)
-    if bias is not None:
-        cb = bias.contiguous()
-        key = key if cb.data_ptr() == bias.data_ptr() else None
-        inputs, step = (a, b, cb), (mod.matmul_bias, grid, (A, B, D, C, *sizes), meta)
+    cb = None if bias is None else bias.contiguous()
+    key = key if bias is None or cb.data_ptr() == bias.data_ptr() else None
+    inputs = (a, b) if bias is None else (a, b, cb)
+    # (measured on an H200 only; mma.sync's 128x256 tile spills in it)
+    sk = _stream_k(tiles, _cdiv(k, cfg["BK"]), sms) if m > 64 and _arch(a) == "sm_90a" else 0
+    if sk:  # its flags start at zero: made per call, so not bound (the call path makes outputs with empty_like)
+        def made(x: Tensor) -> tuple:
+            return (torch.empty((m, n), dtype=x.dtype, device=x.device),
+                    torch.empty(sms * cfg["BM"] * cfg["BN"], dtype=torch.float32, device=x.device),
+                    torch.zeros(sms, dtype=torch.int32, device=x.device))
+        out = len(inputs)
+        args = (A, B, _In(out), B if bias is None else C, _In(out + 1), _In(out + 2), *sizes, sk)
+        return _run(None, [(mod.matmul_sk, (sms,), args, dict(meta, BIAS=bias is not None))], made, inputs)
+    step = (mod.matmul, (tiles,), (A, B, C, *sizes), meta) if bias is None else \
+        (mod.matmul_bias, (tiles,), (A, B, D, C, *sizes), meta)
     return _run(key, [step], lambda x: (torch.empty((m, n), dtype=x.dtype, device=x.device),), inputs)
 
 

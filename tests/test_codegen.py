@@ -81,18 +81,21 @@ def matmul(kernel, label, dt, m, n, k, *expect, activation="none", transposed=Fa
     """The specializations newtc.ops.matmul launches on contiguous tensors of these sizes (or A transposed), on
     each arch (the ring's depth follows the arch's shared memory); with `ws`, its loop warp-specialized; with
     `halves`, the tile stored in column halves beside a 4-slot ring."""
-    sig = {**ptrs(dt, "a", "b", "c"), **({"bias": Ptr(dt)} if kernel == "matmul_bias" else {}),
-           **{name: i32 for name in MATMUL_INTS}}
+    sk = kernel == "matmul_sk"  # stream-K: its bias, parts and flags, and the tiles it deals out as K steps
+    sig = {**ptrs(dt, "a", "b", "c"), **({"bias": Ptr(dt)} if kernel != "matmul" else {}),
+           **({"part": Ptr(f32), "flags": Ptr(i32)} if sk else {}), **{name: i32 for name in MATMUL_INTS},
+           **({"sk_tiles": i32} if sk else {})}
     strides = dict(stride_am=1 if transposed else k, stride_ak=m if transposed else 1, stride_bk=n, stride_bn=1,
                    stride_cm=n, stride_cn=1)
-    values = dict(M=m, N=n, K=k, **strides)
+    values = dict(M=m, N=n, K=k, **strides, **({"sk_tiles": 156} if sk else {}))
     aligned = [name for name, t in sig.items() if isinstance(t, Ptr)] + [x for x, v in values.items() if v % 16 == 0]
     out = []
     for arch in archs:
         cfg = _matmul_config(m, n, k, dt.itemsize, arch, ws=ws)
         nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
         ns = 4 if halves else ns  # half a tile of staging leaves room for a fourth slot
-        consts = {**cfg, "GROUP_M": 8, "ACTIVATION": activation, "WS": ws, **({"HALVES": True} if halves else {})}
+        consts = {**cfg, "GROUP_M": 8, "ACTIVATION": activation, **({"BIAS": True} if sk else {"WS": ws}),
+                  **({"HALVES": True} if halves else {})}
         s = spec("matmul", kernel, f"{label}-{arch}", sig, consts, nw,
                  *expect, aligned=aligned, num_stages=ns, ones=[x for x, v in values.items() if v == 1],
                  positive=[x for x, v in values.items() if v > 0])
@@ -258,6 +261,7 @@ SPECS = [
     *matmul("matmul", "f16-512x4096", f16, 512, 4096, 1024, *TMA),  # the tiles by shape: 128x128 on 4 warps
     *matmul("matmul", "f16-512", f16, 512, 512, 512, *TMA),  # 64x64, 6 slots
     *matmul("matmul_bias", "f16-gelu", f16, 4096, 4096, 4096, *TMA, activation="gelu"),
+    *matmul("matmul_sk", "f16-3072-gelu", f16, 3072, 3072, 3072, *TMA, activation="gelu", archs=("sm_90a",)),  # stream-K
     *matmul("matmul", "f16-4096-ws", f16, 4096, 4096, 4096, *TMA, "sm_90a:USETMAXREG", ws=True),  # a producer warpgroup
     # and its tile stored in column halves, so that 4 slots fit beside the staging (225 KB; the whole tile: 257)
     *matmul("matmul", "f16-4096-ws-halves", f16, 4096, 4096, 4096, *TMA, "sm_90a:USETMAXREG", ws=True, halves=True,

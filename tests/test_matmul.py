@@ -49,7 +49,8 @@ SHAPES = {  # (M, N, K): the interpreter runs a program at a time in Python, so 
     "cpu": [(1, 3, 8), (17, 45, 100), (64, 64, 64), (33, 1001, 40), (130, 140, 72)],
     "cuda": [(1, 3, 8), (17, 1001, 100), (1000, 1001, 4097), (1000, 3, 8), (16, 4096, 4096), (512, 768, 1024),
              (2048, 2048, 512), (257, 513, 33), (512, 4096, 1000),  # tiles 128x256, 64x64, 64x128, 128x128
-             (1000, 1000, 1000)],  # strides of an odd multiple of 8: TMA on sm_90a
+             (1000, 1000, 1000),  # strides of an odd multiple of 8: TMA on sm_90a
+             (2000, 4100, 1000), (1100, 3000, 1000)],  # stream-K: past 2 waves of tiles, and all of them (under 2)
 }
 
 
@@ -110,6 +111,50 @@ def test_a_short_k_loop_takes_tiles_that_share_an_sm_and_only_the_slots_it_fills
     for k in (256, 4096):
         cfg = ops._matmul_config(4096, 4096, k, 2, "sm_90a", 132)
         assert (cfg["BM"], cfg["BN"], cfg["num_stages"]) == (128, 256, 4), k
+
+
+@pytest.mark.parametrize("device", devices())
+def test_stream_k_epilogue(device):
+    """Stream-K tiles take the bias and the activation once, after their parts are added."""
+    m, n, k = (100, 70, 200) if device == "cpu" else (2000, 4100, 1000)
+    a, b = torch.randn(m, k, device=device).half(), torch.randn(k, n, device=device).half()
+    bias = torch.randn(n, device=device).half()
+    if device == "cpu":  # ops plans an H200 on the CPU: 132 programs, too many for the interpreter; 5 here
+        out, part = torch.empty(m, n).half(), torch.empty(5 * 32 * 32)
+        ops._stdlib("matmul").matmul_sk[(5,)](a, b, out, bias, part, torch.zeros(5, dtype=torch.int32), m, n, k,
+                                              k, 1, n, 1, n, 1, 4, BM=32, BN=32, BK=16, GROUP_M=2, ACTIVATION="gelu",
+                                              BIAS=True)
+    else:
+        assert ops._stream_k(16 * 17, 16, 132) == 140  # 31% idle in 3 waves
+        out = ops.matmul(a, b, bias, "gelu")
+    check(out, reference(a, b, bias, "gelu"), torch.float16)
+
+
+@pytest.mark.parametrize("programs, sk_tiles, k", [(3, 2, 90), (4, 3, 40), (5, 6, 200), (7, 12, 33), (2, 12, 16)])
+def test_stream_k_runs(programs, sk_tiles, k):
+    """matmul_sk in the interpreter, whose programs run one after another (the lowest first, as a GPU starts them): K
+    step runs inside one tile, across several, whole tiles first, a K that is not a multiple of BK. The flags raised
+    are those of the programs whose runs end inside a tile."""
+    m, n, BM, BN, BK = 100, 140, 32, 32, 16
+    tiles, steps = -(-m // BM) * -(-n // BN), -(-k // BK)
+    a, b, c = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
+    flags = torch.zeros(programs, dtype=torch.int32)
+    ops._stdlib("matmul").matmul_sk[(programs,)](a, b, c, c, torch.empty(programs * BM * BN), flags, m, n, k, k, 1,
+                                                 n, 1, n, 1, sk_tiles, BM=BM, BN=BN, BK=BK, GROUP_M=2)
+    check(c, reference(a, b), torch.float32)
+    units = sk_tiles * steps
+    assert flags.tolist() == [int((p + 1) * units // programs % steps != 0) for p in range(programs)]
+
+
+def test_stream_k_where_the_last_wave_is_part_empty():
+    """Where whole tiles would leave the SMs idle more than SK_IDLE of the time, the tiles past whole waves go stream-K
+    (the last full wave's too, so that a run is a tile or two long), all of them under two waves; none where the
+    waves are nearly full (512 tiles: 4096^3), under one wave, or with a short K loop. 3072^3 keeps 128x256 tiles."""
+    assert [ops._stream_k(t, 64, 132) for t in (288, 561, 200, 512, 2048, 264, 131)] == [156, 165, 200, 0, 0, 0, 0]
+    assert ops._stream_k(288, 4, 132) == 0
+    for size in (4096, 3072):
+        cfg = ops._matmul_config(size, size, size, 2, "sm_90a", 132)
+        assert (cfg["BM"], cfg["BN"]) == (128, 256)
 
 
 def test_matmul_rejects_bad_operands():

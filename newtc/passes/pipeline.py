@@ -23,7 +23,7 @@ from .lower import alloc, uses
 
 PURE = ir.ELEMENTWISE | ir.VIEWS | {"arange", "const", "convert", "slot"}
 UNBOUNDED = 2**31 - 1  # the size of an unmasked axis in a tensor map: no start below 2^31 reaches it
-LOW = {"const", "program_id", "num_programs", "add", "sub", "mul", "floordiv", "mod", "minimum", "maximum"}
+LOW = {"const", "program_id", "num_programs", "add", "sub", "mul", "floordiv", "mod", "minimum", "maximum", "where"}
 
 
 class Pipeliner:
@@ -255,6 +255,9 @@ class Pipeliner:
             return op.attrs["value"]
         if op.kind in ("program_id", "num_programs"):
             return 0 if op.kind == "program_id" else 1
+        if op.kind == "where":  # either value
+            a, b = (self.low(x) for x in op.args[1:])
+            return None if a is None or b is None else min(a, b)
         a, b = (self.low(x) for x in (op.args + [None])[:2])
         if op.kind == "sub":  # less a constant
             c = self.defs.get(id(op.args[1]))
