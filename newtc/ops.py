@@ -767,7 +767,7 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
 
         def work(tile: tuple) -> float:
             tiles = _cdiv(m, tile[0]) * _cdiv(n, tile[1])
-            waves = tiles / sms if arch == "sm_90a" and _stream_k(tiles, steps, sms) else _cdiv(tiles, sms)
+            waves = tiles / sms if _stream_k(tiles, steps, sms, arch) else _cdiv(tiles, sms)
             return MATMUL_TILES[tile] * m * n / (waves * sms * tile[0] * tile[1])
 
         def shared_sm(tile: tuple) -> bool:  # two programs fit an SM: a thread's accumulator registers and ~26 more
@@ -788,12 +788,13 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
     return cfg
 
 
-def _stream_k(tiles: int, steps: int, sms: int) -> int:
+def _stream_k(tiles: int, steps: int, sms: int, arch: str = "sm_90a") -> int:
     """The tiles that go stream-K: none where the tiles' waves leave the SMs idle SK_IDLE of the time or less, or
-    the tiles are fewer than a wave, or the K loop is short (SK_STEPS); else those past the last full wave but one (all of them, under two waves), so that each
-    program's run is one to two tiles long (as CUTLASS's hybrid stream-K: a run of a few steps would add a part
-    through memory for little work)."""
-    if tiles < sms or steps < SK_STEPS or 1 - tiles / (_cdiv(tiles, sms) * sms) <= SK_IDLE:
+    the tiles are fewer than a wave, or the K loop is short (SK_STEPS), or off sm_90a (measured on an H200 only;
+    mma.sync's 128x256 tile spills in it); else those past the last full wave but one (all of them, under two
+    waves), so that each program's run is one to two tiles long (as CUTLASS's hybrid stream-K: a run of a few steps
+    would add a part through memory for little work)."""
+    if arch != "sm_90a" or tiles < sms or steps < SK_STEPS or 1 - tiles / (_cdiv(tiles, sms) * sms) <= SK_IDLE:
         return 0
     return tiles % sms + sms if tiles >= 2 * sms else tiles
 
@@ -821,16 +822,15 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, k
         raise NkError(f"matmul's bias has one value per column of the product, [{n}]; got {list(bias.shape)}")
     if m == 0 or n == 0:
         return torch.empty((m, n), dtype=a.dtype, device=a.device)
-    sms = gpu(a.get_device()).sms
-    cfg = _matmul_config(m, n, k, a.element_size(), _arch(a), sms)
+    sms, arch = gpu(a.get_device()).sms, _arch(a)
+    cfg = _matmul_config(m, n, k, a.element_size(), arch, sms)
     tiles = _cdiv(m, cfg["BM"]) * _cdiv(n, cfg["BN"])
     meta = dict(GROUP_M=8, ACTIVATION=activation or "none", **cfg)
     sizes, mod = (m, n, k, *a.stride(), *b.stride(), n, 1), _stdlib("matmul")
     cb = None if bias is None else bias.contiguous()
     key = key if bias is None or cb.data_ptr() == bias.data_ptr() else None
     inputs = (a, b) if bias is None else (a, b, cb)
-    # (measured on an H200 only; mma.sync's 128x256 tile spills in it)
-    sk = _stream_k(tiles, _cdiv(k, cfg["BK"]), sms) if m > 64 and _arch(a) == "sm_90a" else 0
+    sk = _stream_k(tiles, _cdiv(k, cfg["BK"]), sms, arch) if m > 64 else 0
     if sk:  # its flags start at zero: made per call, so not bound (the call path makes outputs with empty_like)
         def made(x: Tensor) -> tuple:
             return (torch.empty((m, n), dtype=x.dtype, device=x.device),
