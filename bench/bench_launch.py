@@ -112,8 +112,8 @@ def run(quick=False):
     return [Table("launch cost (us per launch, host clock)", [row],
                   f"{n} back-to-back launches of add with n=1 (torch: x.add_(1)), median of {rounds}; "
                   "launch function: the cached launch alone (through torch's compiled launcher where "
-                  "torch has one); its ctypes path: the same without it (Launcher.packed); raw = newt's cached function "
-                  "and prebuilt params through newtc.driver.launch."),
+                  "torch has one); its ctypes path: the same without it (Launcher.packed); raw = newt's cached "
+                  "function and prebuilt params through newtc.driver.launch."),
             Table("op call cost (us per call, host clock)", op_rows(n, rounds),
                   f"{n} back-to-back calls of each op on a 4x128 f32 tensor, median of {rounds}: newtc.ops (its bound "
                   "path after the first call) against the torch op; newt/torch above 1: newt's call is cheaper.")]

@@ -4,8 +4,9 @@
     compute-sanitizer --tool racecheck python bench/sanitize.py
 
 Pipelined matmuls (cp.async rings, ldmatrix), a transposed operand, the epilogue, reductions across warps,
-row kernels, the transpose, an atomic histogram; TMA copies into an mbarrier ring, a warp-specialized one, and one in clusters; stream-K's parts and flags; attention forward and backward; scans, a sort and a histogram
-across warps; a spin lock on a scalar atomic in a `while` loop; block pointers; fp8 conversions. Without a GPU it
+row kernels, the transpose, an atomic histogram; TMA copies into an mbarrier ring, a warp-specialized one, and one in
+clusters; stream-K's parts and flags; attention forward and backward; scans, a sort and a histogram across warps; a
+spin lock on a scalar atomic in a `while` loop; block pointers; fp8 conversions. Without a GPU it
 runs the same kernels through the interpreter (a check that the script itself is right)."""
 import itertools
 

@@ -261,7 +261,8 @@ SPECS = [
     *matmul("matmul", "f16-512x4096", f16, 512, 4096, 1024, *TMA),  # the tiles by shape: 128x128 on 4 warps
     *matmul("matmul", "f16-512", f16, 512, 512, 512, *TMA),  # 64x64, 6 slots
     *matmul("matmul_bias", "f16-gelu", f16, 4096, 4096, 4096, *TMA, activation="gelu"),
-    *matmul("matmul_sk", "f16-3072-gelu", f16, 3072, 3072, 3072, *TMA, activation="gelu", archs=("sm_90a",)),  # stream-K
+    *matmul("matmul_sk", "f16-3072-gelu", f16, 3072, 3072, 3072, *TMA, activation="gelu",  # stream-K
+            archs=("sm_90a",)),
     *matmul("matmul", "f16-4096-ws", f16, 4096, 4096, 4096, *TMA, "sm_90a:USETMAXREG", ws=True),  # a producer warpgroup
     # and its tile stored in column halves, so that 4 slots fit beside the staging (225 KB; the whole tile: 257)
     *matmul("matmul", "f16-4096-ws-halves", f16, 4096, 4096, 4096, *TMA, "sm_90a:USETMAXREG", ws=True, halves=True,
