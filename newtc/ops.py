@@ -733,10 +733,10 @@ def _arch(t: Tensor) -> str:
 # product but leaves more SMs idle on its last wave; _matmul_config weighs the two.
 MATMUL_TILES = {(128, 256, 8, 4): 661, (128, 128, 4, 4): 516, (64, 128, 4, 6): 435, (64, 64, 4, 6): 382}
 SK_STEPS = 8  # K steps from which the tiles past the last full wave may go stream-K (stdlib matmul_sk)
-SK_IDLE = 0.04  # ... where the tiles' waves would leave more than this part of the SMs' time idle. Its cost: each run
-# adds a part through memory, and the runs read A and B at other K steps than their neighbours, out of L2's reach
-# (H200, f16, against the same tiles a program each: 3-27% idle gained 2.5-10% (3072^3, 4097^3, 5120^3, 4096x11008x4096,
-# 2000x4100x1000); at 3% idle it lost up to 11% (4096^3 5%, 1024x8192x8192 11%, 8192^3 and 16384x4096x4096 even))
+SK_IDLE = 0.09  # ... where the tiles' waves would leave more than this part of the SMs' time idle. Its cost: each run
+# adds a part through memory, and the runs read A and B at other K steps than their neighbours, out of L2's reach; below
+# it the persistent kernel (`_matmul_plan`) is faster (H200, f16, against it: idle 5.2% and 7.9% 0.97-0.98x, 11-27%
+# 1.01-1.07x; against the same tiles a program each: 3-27% idle gained 2.5-10%, at 3% it lost up to 11%)
 SHORT_K = 2  # K steps up to which a lone program per SM leaves its first loads and its stores exposed, where tiles of
 # two or more programs an SM overlap them (H200, f16, K of 64 and 128 at 4096-16384 rows: 128x128 1.11-1.20x 128x256,
 # which still wins by 15% at 4 steps)
@@ -753,7 +753,8 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
     1024^3 64x128 (128 tiles, where 128x256 would leave 100 SMs idle), and 3072^3 still 128x256 (73% of 3 waves at its
     rate beats 97% at 64x128's). 128x256 keeps a 4-slot ring: 3 slots leave asynchronous wgmma one tile of prefetch (504
     against 621 TFLOP/s at 4096^3 in the eighth session). f32 (tf32) halves BK. With `ws` (a producer warpgroup), the
-    ring stays in use while the tile's output goes out through shared memory, so the slots share the limit with that.
+    ring stays in use while the tile's output goes out through shared memory in column halves (HALVES), so the slots
+    share the limit with half a tile.
     A K loop of at most SHORT_K steps takes a tile two programs an SM can share, and without `ws` no more slots than
     K steps and one (4096x4096x64: 128x128 in 2 slots, 129 TFLOP/s, where 128x256 ran 109 and 128x128 in 4 slots 90)."""
     smem_limit = smem.LIMIT.get(arch, 48 * 1024)
@@ -780,7 +781,7 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
         cfg["BK"] //= 2
     cfg["BK"] = min(cfg["BK"], max(16, _pow2(k)))
     ring = (cfg["BM"] + cfg["BN"]) * cfg["BK"] * itemsize  # one slot of the A and B rings
-    out = cfg["BM"] * cfg["BN"] * itemsize if ws else 0
+    out = cfg["BM"] * cfg["BN"] * itemsize // 2 if ws else 0
     cap = (smem_limit - out) // ring
     if not ws:  # no more slots than K steps and one: the rest would never fill (with ws, the next tile's K steps do)
         cap = min(cap, _cdiv(k, cfg["BK"]) + 1)  # and would only crowd out a second program per SM
@@ -799,6 +800,13 @@ def _stream_k(tiles: int, steps: int, sms: int, arch: str = "sm_90a") -> int:
     return tiles % sms + sms if tiles >= 2 * sms else tiles
 
 
+def _tma_ready(t: Tensor) -> bool:
+    """A 2-D operand whose tiles the matmul's specialization copies by TMA on sm_90a (passes/pipeline.py): a 16-byte
+    aligned base, a unit stride, and the other one a multiple of 8 elements (a launch proves 16 and odd multiples of 8)."""
+    s0, s1 = t.stride()
+    return t.data_ptr() % 16 == 0 and (s1 == 1 and s0 % 8 == 0 < s0 or s0 == 1 and s1 % 8 == 0 < s1)
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
            activation: str | None = None) -> torch.Tensor:
     """a @ b (+ bias over the columns, then relu or gelu) for 2-D f16, bf16 or f32 tensors (f32 runs as tf32);
@@ -809,6 +817,21 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     if bound is None or (out := bound(a, b) if bias is None else bound(a, b, bias)) is None:
         out = _matmul(a, b, bias, activation, key)
     return out
+
+
+def _matmul_plan(a: Tensor, b: Tensor, sms: int, arch: str) -> tuple[dict, int, int]:
+    """The constexprs, the grid and the stream-K tiles of a @ b: a program per tile; stream-K where whole tiles
+    leave the SMs idle (`_stream_k`); else, with more tiles than SMs on sm_90a and TMA copies of A and B, a program
+    per SM walking the tiles, with a producer warpgroup that loads the next tile's K steps while the consumers store
+    this one (H200, f16 and bf16, 4096^3, 8192^3, 2048x14336x4096, 4096x11008x4096: 1.5-3% over a program a tile)."""
+    (m, k), n = a.shape, b.shape[1]
+    cfg = _matmul_config(m, n, k, a.element_size(), arch, sms)
+    tiles = _cdiv(m, cfg["BM"]) * _cdiv(n, cfg["BN"])
+    sk = _stream_k(tiles, _cdiv(k, cfg["BK"]), sms, arch) if m > 64 else 0
+    if sk or tiles <= sms or m <= 64 or arch != "sm_90a" or not (_tma_ready(a) and _tma_ready(b)):
+        return dict(GROUP_M=8, **cfg), sms if sk else tiles, sk
+    return dict(GROUP_M=8, WS=True, HALVES=True, **_matmul_config(m, n, k, a.element_size(), arch, sms, ws=True)), \
+        sms, 0
 
 
 def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, key=None) -> Tensor:
@@ -823,24 +846,22 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, k
     if m == 0 or n == 0:
         return torch.empty((m, n), dtype=a.dtype, device=a.device)
     sms, arch = gpu(a.get_device()).sms, _arch(a)
-    cfg = _matmul_config(m, n, k, a.element_size(), arch, sms)
-    tiles = _cdiv(m, cfg["BM"]) * _cdiv(n, cfg["BN"])
-    meta = dict(GROUP_M=8, ACTIVATION=activation or "none", **cfg)
+    meta, grid, sk = _matmul_plan(a, b, sms, arch)
+    meta["ACTIVATION"] = activation or "none"
     sizes, mod = (m, n, k, *a.stride(), *b.stride(), n, 1), _stdlib("matmul")
     cb = None if bias is None else bias.contiguous()
     key = key if bias is None or cb.data_ptr() == bias.data_ptr() else None
     inputs = (a, b) if bias is None else (a, b, cb)
-    sk = _stream_k(tiles, _cdiv(k, cfg["BK"]), sms, arch) if m > 64 else 0
     if sk:  # its flags start at zero: made per call, so not bound (the call path makes outputs with empty_like)
         def made(x: Tensor) -> tuple:
             return (torch.empty((m, n), dtype=x.dtype, device=x.device),
-                    torch.empty(sms * cfg["BM"] * cfg["BN"], dtype=torch.float32, device=x.device),
+                    torch.empty(sms * meta["BM"] * meta["BN"], dtype=torch.float32, device=x.device),
                     torch.zeros(sms, dtype=torch.int32, device=x.device))
         out = len(inputs)
         args = (A, B, _In(out), B if bias is None else C, _In(out + 1), _In(out + 2), *sizes, sk)
-        return _run(None, [(mod.matmul_sk, (sms,), args, dict(meta, BIAS=bias is not None))], made, inputs)
-    step = (mod.matmul, (tiles,), (A, B, C, *sizes), meta) if bias is None else \
-        (mod.matmul_bias, (tiles,), (A, B, D, C, *sizes), meta)
+        return _run(None, [(mod.matmul_sk, (grid,), args, dict(meta, BIAS=bias is not None))], made, inputs)
+    step = (mod.matmul, (grid,), (A, B, C, *sizes), meta) if bias is None else \
+        (mod.matmul_bias, (grid,), (A, B, D, C, *sizes), meta)
     return _run(key, [step], lambda x: (torch.empty((m, n), dtype=x.dtype, device=x.device),), inputs)
 
 

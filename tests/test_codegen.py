@@ -77,10 +77,10 @@ MATMUL_INTS = "M N K stride_am stride_ak stride_bk stride_bn stride_cm stride_cn
 
 
 def matmul(kernel, label, dt, m, n, k, *expect, activation="none", transposed=False, archs=("sm_80", "sm_90a"),
-           ws=False, halves=False):
+           ws=False):
     """The specializations newtc.ops.matmul launches on contiguous tensors of these sizes (or A transposed), on
-    each arch (the ring's depth follows the arch's shared memory); with `ws`, its loop warp-specialized; with
-    `halves`, the tile stored in column halves beside a 4-slot ring."""
+    each arch (the ring's depth follows the arch's shared memory); with `ws`, its persistent launch: the loop
+    warp-specialized, on sm_90a the tile stored in column halves beside the ring."""
     sk = kernel == "matmul_sk"  # stream-K: its bias, parts and flags, and the tiles it deals out as K steps
     sig = {**ptrs(dt, "a", "b", "c"), **({"bias": Ptr(dt)} if kernel != "matmul" else {}),
            **({"part": Ptr(f32), "flags": Ptr(i32)} if sk else {}), **{name: i32 for name in MATMUL_INTS},
@@ -93,9 +93,8 @@ def matmul(kernel, label, dt, m, n, k, *expect, activation="none", transposed=Fa
     for arch in archs:
         cfg = _matmul_config(m, n, k, dt.itemsize, arch, ws=ws)
         nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
-        ns = 4 if halves else ns  # half a tile of staging leaves room for a fourth slot
         consts = {**cfg, "GROUP_M": 8, "ACTIVATION": activation, **({"BIAS": True} if sk else {"WS": ws}),
-                  **({"HALVES": True} if halves else {})}
+                  **({"HALVES": True} if ws and arch == "sm_90a" else {})}  # (mma.sync's halves are not selections)
         s = spec("matmul", kernel, f"{label}-{arch}", sig, consts, nw,
                  *expect, aligned=aligned, num_stages=ns, ones=[x for x, v in values.items() if v == 1],
                  positive=[x for x, v in values.items() if v > 0])
@@ -263,10 +262,9 @@ SPECS = [
     *matmul("matmul_bias", "f16-gelu", f16, 4096, 4096, 4096, *TMA, activation="gelu"),
     *matmul("matmul_sk", "f16-3072-gelu", f16, 3072, 3072, 3072, *TMA, activation="gelu",  # stream-K
             archs=("sm_90a",)),
-    *matmul("matmul", "f16-4096-ws", f16, 4096, 4096, 4096, *TMA, "sm_90a:USETMAXREG", ws=True),  # a producer warpgroup
-    # and its tile stored in column halves, so that 4 slots fit beside the staging (225 KB; the whole tile: 257)
-    *matmul("matmul", "f16-4096-ws-halves", f16, 4096, 4096, 4096, *TMA, "sm_90a:USETMAXREG", ws=True, halves=True,
-            archs=("sm_90a",)),
+    # a producer warpgroup, the tile stored in column halves, so that 4 slots fit beside the staging (225 KB; the
+    # whole tile: 257)
+    *matmul("matmul", "f16-4096-ws", f16, 4096, 4096, 4096, *TMA, "sm_90a:USETMAXREG", ws=True),
     *matmul_tma("f16-4096", f16, 4096, 4096, 4096),
     # P stays in the registers S was computed in: mma.sync's A on sm_80, wgmma's on sm_90a (test_attention_p_...)
     attention("f16-d128", f16, 128, False, 128, 64, 8, 2, *MMA),
@@ -356,7 +354,7 @@ def test_stdlib_sass(s, arch):
 def test_matmul_halves_are_register_selections():
     """A tile stored in column halves (HALVES) splits wgmma's accumulator without moving it: the transposed view it
     splits is the accumulator's registers permuted, so shared memory stages one half at a time, never the tile."""
-    s = next(s for s in SPECS if s.label == "f16-4096-ws-halves-sm_90a")
+    s = next(s for s in SPECS if s.label == "f16-4096-ws-sm_90a")
     module, _ = stdlib_module(s.file)
     k = compiler.compile(module, s.kernel, s.compiler("sm_90a"), until="ir").kernel
     shapes = [op.result.type.shape for op in ir.walk(k.body) if op.kind == "alloc"]
@@ -771,7 +769,7 @@ def test_warp_specialized_loop_releases_slots_instead_of_a_cta_barrier():
 def cluster_source(ctas_constexpr: int, arch: str = "sm_90a"):
     """The stdlib's warp-specialized 128x256 matmul launched in clusters of 2, its tile loop by clusters (CTAS=2)
     or by programs (CTAS=1)."""
-    s = next(x for x in SPECS if x.id.endswith("f16-4096-ws-halves-sm_90a"))
+    s = next(x for x in SPECS if x.id.endswith("f16-4096-ws-sm_90a"))
     module, _ = stdlib_module(s.file)
     spec = dataclasses.replace(s.compiler(arch), constexprs=s.consts + (("CTAS", ctas_constexpr),), num_ctas=2)
     return compiler.compile(module, s.kernel, spec, until="cuda").cuda

@@ -50,7 +50,8 @@ SHAPES = {  # (M, N, K): the interpreter runs a program at a time in Python, so 
     "cuda": [(1, 3, 8), (17, 1001, 100), (1000, 1001, 4097), (1000, 3, 8), (16, 4096, 4096), (512, 768, 1024),
              (2048, 2048, 512), (257, 513, 33), (512, 4096, 1000),  # tiles 128x256, 64x64, 64x128, 128x128
              (1000, 1000, 1000),  # strides of an odd multiple of 8: TMA on sm_90a
-             (2000, 4100, 1000), (1100, 3000, 1000)],  # stream-K: past 2 waves of tiles, and all of them (under 2)
+             (2000, 4100, 1000), (1100, 3000, 1000),  # stream-K: past 2 waves of tiles, and all of them (under 2)
+             (1500, 5600, 1000)],  # on sm_90a persistent, with a producer warpgroup: 264 tiles, two a program
 }
 
 
@@ -65,8 +66,11 @@ def test_matmul(device, dtype):
 
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("layout", ["a_t", "b_t", "both_t", "strided_rows"])
-def test_matmul_views(device, layout):
-    m, n, k = (70, 50, 40) if device == "cpu" else (1000, 1001, 516)
+@pytest.mark.parametrize("size", ["small", "persistent"])
+def test_matmul_views(device, layout, size):
+    if device == "cpu" and size != "small":
+        pytest.skip("the interpreter runs the small size")
+    m, n, k = (70, 50, 40) if device == "cpu" else (1000, 1001, 516) if size == "small" else (1500, 5600, 264)
     a = torch.randn(k, m, device=device).half().t() if layout in ("a_t", "both_t") else \
         torch.randn(m, k, device=device).half()
     b = torch.randn(n, k, device=device).half().t() if layout in ("b_t", "both_t") else \
@@ -81,10 +85,10 @@ def test_matmul_views(device, layout):
 @pytest.mark.parametrize("activation", [None, "relu", "gelu"])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_matmul_epilogue(device, activation, with_bias):
-    m, n, k = (40, 72, 48) if device == "cpu" else (777, 1025, 320)
-    a, b = torch.randn(m, k, device=device).half(), torch.randn(k, n, device=device).half()
-    bias = torch.randn(n, device=device).half() if with_bias else None
-    check(ops.matmul(a, b, bias, activation), reference(a, b, bias, activation), torch.float16)
+    for m, n, k in [(40, 72, 48)] if device == "cpu" else [(777, 1025, 320), (1500, 5600, 136)]:  # a program a tile,
+        a, b = torch.randn(m, k, device=device).half(), torch.randn(k, n, device=device).half()  # and persistent
+        bias = torch.randn(n, device=device).half() if with_bias else None
+        check(ops.matmul(a, b, bias, activation), reference(a, b, bias, activation), torch.float16)
 
 
 def test_the_tile_by_shape_fills_the_sms():
@@ -155,6 +159,25 @@ def test_stream_k_where_the_last_wave_is_part_empty():
     for size in (4096, 3072):
         cfg = ops._matmul_config(size, size, size, 2, "sm_90a", 132)
         assert (cfg["BM"], cfg["BN"]) == (128, 256)
+
+
+def test_a_matmul_of_more_tiles_than_sms_goes_persistent_on_hopper():
+    """With more tiles than SMs (and none stream-K) on sm_90a, ops launches a program per SM with a producer warpgroup,
+    its tile stored in column halves beside a 4-slot ring, where A and B are TMA copies (a unit stride, the other a
+    multiple of 8; either may be transposed); else a program per tile."""
+    def plan(a, b, arch="sm_90a"):
+        meta, grid, sk = ops._matmul_plan(a, b, 132, arch)
+        return meta.get("WS", False), grid, sk, meta["num_stages"]
+
+    def empty(*shape):
+        return torch.empty(*shape, dtype=torch.float16, device="meta")
+    big = empty(4096, 4096)
+    assert plan(big, big) == (True, 132, 0, 4)
+    assert plan(big, big, "sm_80")[:2] == (False, 512)
+    assert plan(empty(4096, 4096).t(), big)[:2] == (True, 132)
+    assert plan(empty(4096, 4100)[:, :4096], big)[:2] == (False, 512)  # rows 4100 apart: cp.async
+    assert plan(empty(2048, 2048), empty(2048, 2048))[:2] == (False, 128)  # a wave of tiles
+    assert plan(empty(3072, 3072), empty(3072, 3072))[:3] == (False, 132, 156)  # stream-K
 
 
 def test_matmul_rejects_bad_operands():
