@@ -163,17 +163,23 @@ def test_stream_k_where_the_last_wave_is_part_empty():
 
 def test_a_matmul_of_more_tiles_than_sms_goes_persistent_on_hopper():
     """With more tiles than SMs (and none stream-K) on sm_90a, ops launches a program per SM with a producer warpgroup,
-    its tile stored in column halves beside a 4-slot ring, where A and B are TMA copies (a unit stride, the other a
-    multiple of 8; either may be transposed); else a program per tile."""
+    its tile stored in column halves beside a 4-slot ring, where A and B are 16-bit TMA copies (a unit stride, the
+    other a multiple of 8; either may be transposed); else a program per tile. The persistent kernel it launches has
+    its producer (setmaxnreg)."""
     def plan(a, b, arch="sm_90a"):
         meta, grid, sk = ops._matmul_plan(a, b, 132, arch)
         return meta.get("WS", False), grid, sk, meta["num_stages"]
 
-    def empty(*shape):
-        return torch.empty(*shape, dtype=torch.float16, device="meta")
+    def empty(*shape, dtype=torch.float16):
+        return torch.empty(*shape, dtype=dtype, device="meta")
     big = empty(4096, 4096)
     assert plan(big, big) == (True, 132, 0, 4)
+    meta = ops._matmul_plan(big, big, 132, "sm_90a")[0]
+    x, n = torch.empty(256, 256, dtype=torch.float16), 4096
+    args = (x, x, x, n, n, n, n, 1, n, 1, n, 1)
+    assert "setmaxnreg" in ops._stdlib("matmul").matmul.output(args, meta, "cuda", "sm_90a").cuda.source
     assert plan(big, big, "sm_80")[:2] == (False, 512)
+    assert plan(empty(4096, 4096, dtype=torch.float32), empty(4096, 4096, dtype=torch.float32))[:2] == (False, 512)
     assert plan(empty(4096, 4096).t(), big)[:2] == (True, 132)
     assert plan(empty(4096, 4100)[:, :4096], big)[:2] == (False, 512)  # rows 4100 apart: cp.async
     assert plan(empty(2048, 2048), empty(2048, 2048))[:2] == (False, 128)  # a wave of tiles
