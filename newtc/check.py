@@ -47,6 +47,7 @@ LOOPS = ("range", "static_range")
 # Limits that keep every later stage (and NVRTC) within seconds; docs/language.md lists them.
 MAX_BLOCK = 2**20  # elements of one block, as in Triton
 CLUSTERS = (1, 2, 4, 8)  # CTAs a cluster may have: the portable sizes
+MAX_STAGES = 32  # ring slots of a pipelined loop: its prologue copies each, before shared memory is counted
 MAX_PER_THREAD = 512  # elements of one block per thread (num_warps * 32 threads); NVRTC time grows faster
 MAX_STATEMENTS = 2**17  # statements checked, after static_range unrolling and helper inlining
 MAX_CONST = 2**64  # compile-time integers stay within (-MAX_CONST, MAX_CONST)
@@ -767,6 +768,9 @@ class Checker:
                 raise NkError(f"range(warp_specialize=) must be True or False, got {describe(v)}", s.iter.span)
             if k != "warp_specialize" and (type(v) is not int or v < 1):
                 raise NkError(f"range({k}=) must be an integer of at least 1, got {describe(v)}", s.iter.span)
+            if k == "num_stages" and v > MAX_STAGES:
+                raise NkError(f"range(num_stages={v}) is more than {MAX_STAGES} slots", s.iter.span,
+                              "a ring deeper than a few slots hides no more latency; use 2 to 8")
         lo, hi, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) == 3 else 1)
         if not isinstance(s.target, A.Name):
             raise NkError("a range loop binds one name", s.target.span)
@@ -1047,8 +1051,8 @@ def check(module: A.Module, name: str, spec) -> ir.Kernel:
     check_names(module)
     if type(spec.num_warps) is not int or not is_pow2(spec.num_warps) or spec.num_warps > 32:
         raise NkError(f"num_warps={spec.num_warps!r} must be a power of two from 1 to 32", d.span)
-    if type(spec.num_stages) is not int or spec.num_stages < 1:
-        raise NkError(f"num_stages={spec.num_stages!r} must be an integer of at least 1", d.span)
+    if type(spec.num_stages) is not int or not 1 <= spec.num_stages <= MAX_STAGES:
+        raise NkError(f"num_stages={spec.num_stages!r} must be an integer from 1 to {MAX_STAGES}", d.span)
     if type(spec.num_ctas) is not int or spec.num_ctas not in CLUSTERS:
         raise NkError(f"num_ctas={spec.num_ctas!r} must be 1, 2, 4 or 8 (a portable cluster)", d.span)
     if spec.num_ctas > 1 and int("".join(filter(str.isdigit, spec.arch))) < 90:

@@ -52,7 +52,8 @@ def parser() -> argparse.ArgumentParser:
                         "copies need their tensor's sizes and row stride so)")
     p.add_argument("--num-warps", type=count("a power of two from 1 to 32", lambda n: n in (1, 2, 4, 8, 16, 32)),
                    default=4, metavar="N", help="warps per program: 1, 2, 4, 8, 16 or 32 (default: 4)")
-    p.add_argument("--num-stages", type=count("at least 1", lambda n: n >= 1), default=1, metavar="N",
+    p.add_argument("--num-stages", type=count(f"from 1 to {check.MAX_STAGES}", lambda n: 1 <= n <= check.MAX_STAGES),
+                   default=1, metavar="N",
                    help="slots of the cp.async ring feeding dot in runtime loops (default: 1)")
     p.add_argument("--num-ctas", type=count("1, 2, 4 or 8", lambda n: n in check.CLUSTERS), default=1, metavar="N",
                    help="CTAs a cluster (sm_90): programs launched together that may share TMA copies (default: 1)")

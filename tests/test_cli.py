@@ -248,8 +248,9 @@ def test_names_the_command_line_cannot_use(capsys, argv, message):
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([ADD, *ADD_SPEC, "--num-stages", "0"], "--num-stages: expected at least 1, got '0'"),
-    ([ADD, *ADD_SPEC, "--num-stages", "-5"], "expected at least 1"),
+    ([ADD, *ADD_SPEC, "--num-stages", "0"], "--num-stages: expected from 1 to 32, got '0'"),
+    ([ADD, *ADD_SPEC, "--num-stages", "-5"], "expected from 1 to 32"),
+    ([ADD, *ADD_SPEC, "--num-stages", "100000"], "expected from 1 to 32"),
     ([ADD, *ADD_SPEC, "--num-warps", "3"], "--num-warps: expected a power of two from 1 to 32, got '3'"),
     ([ADD, *ADD_SPEC, "--arch", "hopper"], "--arch: expected sm_XY or compute_XY"),
     ([ADD, *ADD_SPEC, "--emit", "cubin", "--arch", "compute_90", "-o", "f.cubin"], "--arch compute_90 is virtual"),

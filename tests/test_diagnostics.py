@@ -584,6 +584,8 @@ K = "kernel k(x, n):\n    v = load(x + arange(0, 4))\n"
     (K + "    y = multiple_of(arange(0, 4), n)\n", 3, 9, r"multiple_of\(\) values must be a compile-time constant", None),
     (K + "    for i in range(0, n, num_stages=0):\n        pass\n", 3, 14,
      r"range\(num_stages=\) must be an integer of at least 1, got int 0", None),
+    (K + "    for i in range(0, n, num_stages=100000):\n        pass\n", 3, 14,
+     r"range\(num_stages=100000\) is more than 32 slots", "use 2 to 8"),
     (K + "    for i in range(0, n, (1, 2)):\n        pass\n", 3, 14, r"expected a number or a block, got tuple \(1, 2\)",
      None),
     (K + "    for i in range(0, n, stages=2):\n        pass\n", 3, 14,
@@ -611,7 +613,7 @@ K = "kernel k(x, n):\n    v = load(x + arange(0, 4))\n"
      "helper 'h' returns a value on some paths and none on others", "end it with a `return`"),
     (K + "    y = n.T\n", 3, 9, r"trans\(\) needs a block, got a scalar", None),
 ], ids=["min-max-ambiguous", "min-max-axis", "hint-dtype", "hint-pow2", "hint-rank", "hint-runtime", "num-stages",
-        "range-tuple-step", "range-option", "warp-specialize-option", "static-range-option", "break", "continue-in-helper", "constexpr-runtime",
+        "num-stages-deep", "range-tuple-step", "range-option", "warp-specialize-option", "static-range-option", "break", "continue-in-helper", "constexpr-runtime",
         "annotation", "constexpr-value", "while-block", "return-in-loop", "return-types", "return-tuple", "return-some-paths",
         "T-scalar"])
 def test_control_flow_and_hint_mistakes(text, line, col, message, hint):
@@ -790,7 +792,8 @@ def test_bad_arguments_name_the_parameter(arg, message):
     ({"B": [1024]}, 13, r"constexpr 'B' of kernel 'k' cannot be list \[1024\]"),
     ({"B": 4, "num_warps": 4.0}, 1, "num_warps=4.0 must be a power of two"),
     ({"B": 4, "num_warps": "4"}, 1, "num_warps='4' must be a power of two"),
-    ({"B": 4, "num_stages": 0}, 1, "num_stages=0 must be an integer of at least 1"),
+    ({"B": 4, "num_stages": 0}, 1, "num_stages=0 must be an integer from 1 to 32"),
+    ({"B": 4, "num_stages": 2**64 + 5}, 1, "num_stages=18446744073709551621 must be an integer from 1 to 32"),
 ])
 def test_bad_meta_values_are_named(meta, col, message):
     mod = newtc.compile("kernel k(x, B: constexpr):\n    store(x + arange(0, B), 1.0)\n", "meta.nk")
