@@ -66,6 +66,7 @@ Made by the passes (the checker never emits them; the interpreter runs the IR be
                                                            CTA's barrier of a cluster; tma_load's attrs cast: multicast
   cluster_sync                                             barrier.cluster: every thread of the cluster
   tma_store   (buf, row, col, outer...)  attrs map, boxes  a staged tile copied to global memory by TMA
+  bulk_wait                                                the TMA stores issued so far have read their buffers
 reduce takes a scratch buffer as a second operand when warps meet along the axis; a scalar atomic
 takes one as its last operand (the old value reaches every thread through it).
 scan, exchange, gather and histogram take one as their last operand where data crosses warps.

@@ -164,7 +164,7 @@ def test_block_pointers_carried_through_loops_and_ifs(device):
 
 
 # ---- the generated code --------------------------------------------------------------------------------------------
-TOKENS = re.compile(r"nk_cp_async<\d+>|cp\.async\.[\w.:]+|mma\.sync[\w.]*|wgmma\.[\w.]+|ldmatrix[\w.]*|\} else \{")
+TOKENS = re.compile(r"nk_cp_async<\d+>|cp\.async\.(?!bulk\.wait_group)[\w.:]+|mma\.sync[\w.]*|wgmma\.[\w.]+|ldmatrix[\w.]*|\} else \{")
 NAMES = {"a": "a_ptr", "b": "b_ptr", "c": "c_ptr", "BM": "BLOCK_SIZE_M", "BN": "BLOCK_SIZE_N", "BK": "BLOCK_SIZE_K",
          "GROUP_M": "GROUP_SIZE_M"}
 MATMUL_INTS = "M N K stride_am stride_ak stride_bk stride_bn stride_cm stride_cn".split()

@@ -351,14 +351,30 @@ def test_stdlib_sass(s, arch):
     assert not missing, f"{s.id} on {arch} lacks {missing}; has {sorted(ops)}"
 
 
-def test_matmul_halves_are_register_selections():
-    """A tile stored in column halves (HALVES) splits wgmma's accumulator without moving it: the transposed view it
-    splits is the accumulator's registers permuted, so shared memory stages one half at a time, never the tile."""
+def test_matmul_quarters_are_register_selections():
+    """A tile stored in column quarters (HALVES) splits wgmma's accumulator without moving it: the transposed views it
+    splits are the accumulator's registers permuted, so shared memory stages a quarter at a time, never the tile, in
+    two buffers that alternate (one is written while TMA still reads the other)."""
     s = next(s for s in SPECS if s.label == "f16-4096-ws-sm_90a")
     module, _ = stdlib_module(s.file)
     k = compiler.compile(module, s.kernel, s.compiler("sm_90a"), until="ir").kernel
-    shapes = [op.result.type.shape for op in ir.walk(k.body) if op.kind == "alloc"]
-    assert (128, 128) in shapes and not any(len(x) == 3 or x == (128, 256) for x in shapes), shapes
+    staged = [op for op in ir.walk(k.body) if op.kind == "alloc" and op.result.type.shape not in ((4,), (128, 64), (64, 256))]
+    quarters = [op.attrs["offset"] for op in ir.walk(k.body) if op.kind == "alloc" and op.result.type.shape == (128, 64)]
+    assert not staged, [op.result.type.shape for op in staged]  # no half, tile or 3-D view staged
+    assert len(quarters) == 5 and quarters[1] == quarters[3] != quarters[2] == quarters[4], quarters  # A's slot first
+
+
+def test_matmul_quarters_go_out_while_the_next_is_written():
+    """A TMA store goes on reading its staging buffer after it is issued: the next write of those bytes waits for that
+    read only (`wait_group.read 1`: the newest store, from the other buffer, reads on), then a barrier; the kernel's
+    end waits for every read. So each quarter is written while the one before it goes out."""
+    s = next(s for s in SPECS if s.label == "f16-4096-ws-sm_90a")
+    src = generated(s).source
+    consumer = src[src.index("setmaxnreg.inc"):]
+    tokens = re.findall(r"wait_group\.read \d|cp\.async\.bulk\.tensor|bar\.sync 1, 256|fence\.proxy\.async", consumer)
+    short = {"cp.async.bulk.tensor": "TMA", "bar.sync 1, 256": "BAR", "fence.proxy.async": "FENCE"}
+    quarter = ["wait_group.read 1", "BAR", "FENCE", "BAR", "TMA"]
+    assert [short.get(t, t) for t in tokens] == quarter * 4 + ["BAR", "BAR", "wait_group.read 0"], tokens
 
 
 def by_id(ident: str) -> Spec:

@@ -390,7 +390,7 @@ RULES = {"for": Codegen.loop, "while": Codegen.loop, "if": Codegen.branch, "stor
          "barrier": lambda cg, op: cg.emit(cg.sync), "assert": device_assert, "asm": inline_asm, "roles": Codegen.roles,
          "fence_async": lambda cg, op: cg.emit('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");'),
          "mbar_init": shared.mbar_init, "mbar_inval": shared.mbar_inval, "mbar_expect": shared.mbar_expect,
-         "tma_load": shared.tma_load, "tma_store": shared.tma_store,
+         "tma_load": shared.tma_load, "tma_store": shared.tma_store, "bulk_wait": shared.bulk_wait,
          "mbar_wait": shared.mbar_wait, "mbar_arrive": shared.mbar_arrive, "cluster_sync": shared.cluster_sync}
 
 from . import scan  # noqa: E402 - scans and data movement keep their emitters in their own table

@@ -280,14 +280,18 @@ def tma_load(cg, op: ir.Op) -> None:
 
 
 def tma_store(cg, op: ir.Op) -> None:
-    """Thread 0 copies the buffer's boxes out (TMA drops what lies out of bounds), commits them as a bulk group and
-    waits until they have read shared memory: after the next barrier the buffer may be written again. The global
-    writes complete behind."""
+    """Thread 0 copies the buffer's boxes out (TMA drops what lies out of bounds) and commits them as a bulk group,
+    which reads shared memory until a `bulk_wait` (passes.smem places one before the bytes are written again)."""
     buf, row, col, *outer = op.args
     copies = tensor_copies(cg, op, buf, row, col, outer,
                            "cp.async.bulk.tensor.{rank}d.global.shared::cta.bulk_group [%0, {{{coords}}}], [%1];")
-    cg.emit(f'if ({cg.issuer}) {{ {" ".join(copies)} asm volatile("cp.async.bulk.commit_group;" ::: "memory"); '
-            f'asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }}')
+    cg.emit(f'if ({cg.issuer}) {{ {" ".join(copies)} asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }}')
+
+
+def bulk_wait(cg, op: ir.Op) -> None:
+    """The issuing thread waits until its TMA stores but the `allow` newest have read shared memory (their global
+    writes go on)."""
+    cg.emit(f'if ({cg.issuer}) asm volatile("cp.async.bulk.wait_group.read {op.attrs["allow"]};" ::: "memory");')
 
 
 def mbar_wait(cg, op: ir.Op) -> None:

@@ -10,6 +10,10 @@ edge until the set of pending accesses settles. Accesses of one ring buffer by a
 loop are ordered by the pipeline's own wait-and-barrier, so they do not conflict with each other.
 The tensor cores (wgmma) and TMA access shared memory through the async proxy: generic accesses of bytes
 they also use get a `fence.proxy.async` before the barrier that orders them (the PTX memory model's rule).
+A TMA store goes on reading its buffer after the issuing thread has passed it: a write of those bytes waits for
+that read (`bulk_wait` by the issuing thread, which lets newer stores read on) and then a barrier. So a tile staged
+in two alternating buffers is written into one while the other goes out, and a persistent kernel's last one goes
+out while the next tile's loop runs; the kernel's end waits for the reads still in flight.
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ from ..errors import NkError
 
 # shared memory a CTA may have, by architecture (the opt-in maximum; unknown ones get the common 48 KB)
 LIMIT = {"sm_80": 166912, "sm_87": 166912, "sm_86": 101376, "sm_89": 101376, "sm_90": 232448, "sm_90a": 232448}
+ASYNC = ("ra", "wa", "rt")  # accesses through the async proxy
+NEWER = 2  # bulk groups counted after a pending TMA store's: a wait lets at most this many newer ones go on reading
 ALIGN = 1024  # a swizzle atom (8 rows of 128 bytes): 2-D tiles start on that boundary, other buffers on 128 bytes
 
 
@@ -92,8 +98,9 @@ def plan_smem(k: ir.Kernel) -> ir.Kernel:
 
 def effects(op: ir.Op) -> list:
     """The shared-memory accesses of an op, in order: ('r' | 'w', buffer), 'ra' | 'wa' through the async proxy (the
-    tensor cores, TMA), 'rb' | 'wb' of mbarriers (ordered by CTA barriers like any access, but by the mbarrier's
-    own semantics across proxies: never fenced), ('sync',) for a barrier, ('fence',) for a proxy fence."""
+    tensor cores, TMA; 'rt' a TMA store's read, pending until a bulk_wait), 'rb' | 'wb' of mbarriers (ordered by CTA
+    barriers like any access, but by the mbarrier's own semantics across proxies: never fenced), ('sync',) for a
+    barrier, ('fence',) for a proxy fence."""
     kind = op.kind
     if kind in ("local_store", "async_copy"):
         return [("w", op.args[0])]
@@ -101,8 +108,8 @@ def effects(op: ir.Op) -> list:
         return [("r", op.args[0])]
     if kind == "tma_load":  # the copy writes its slot through the async proxy
         return [("wa", op.args[0])]
-    if kind == "tma_store":  # and this one reads its buffer, done by the time the issuing thread passes it
-        return [("ra", op.args[0])]
+    if kind == "tma_store":  # and this one reads its buffer until a bulk_wait
+        return [("rt", op.args[0])]
     if kind == "mbar_expect":  # the arrival writes the slot's barrier
         return [("wb", op.args[0])]
     if kind == "mbar_wait":
@@ -142,7 +149,7 @@ def _conflict(a: tuple, b: tuple) -> bool:
 def insert_barriers(k: ir.Kernel) -> ir.Kernel:
     defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
     # every access through the async proxy: generic accesses of the same bytes are fenced at the next barrier
-    asynchronous = {_access(e[0], e[1], defs) for op in ir.walk(k.body) for e in effects(op) if e[0] in ("ra", "wa")}
+    asynchronous = {_access(e[0], e[1], defs) for op in ir.walk(k.body) for e in effects(op) if e[0] in ASYNC}
 
     def fenced(pending: frozenset, before: frozenset, out: list, span) -> frozenset:
         """At a barrier: a proxy fence first, by every thread, where generic accesses pending since `before` meet
@@ -179,21 +186,30 @@ def insert_barriers(k: ir.Kernel) -> ir.Kernel:
                     if eff[0] == "fence":
                         pending = frozenset(p for p in pending if p[0] != "fence")
                         continue
-                    acc, proxy = _access(eff[0], eff[1], defs), eff[0] in ("ra", "wa")
+                    acc, proxy = _access(eff[0], eff[1], defs), eff[0] in ASYNC
+                    reading = [p[2] for p in pending if p[0] == "bulk" and _conflict(acc, p[1])]
+                    if reading:  # TMA stores still read these bytes: wait for them, not for the newer ones
+                        allow = min(reading)
+                        out.append(ir.Op("bulk_wait", [], [], {"allow": allow}, op.span))
+                        pending = frozenset(("sync", p[1]) if p[0] == "bulk" and p[2] >= allow else p for p in pending)
                     conflicts = {p[0] for p in pending if (proxy or p[0] == "sync") and _conflict(acc, p[1])}
                     if proxy and conflicts:  # generic accesses, ordered before the async proxy's
                         out.append(ir.Op("fence_async", [], [], {}, op.span))
-                        pending = frozenset(p for p in pending if p[0] == "sync")
+                        pending = frozenset(p for p in pending if p[0] in ("sync", "bulk"))
                     elif conflicts:
                         pending = fenced(pending, pending, out, op.span)
                     if conflicts:
                         out.append(ir.Op("barrier", [], [], {}, op.span))
-                        pending = frozenset(p for p in pending if p[0] == "fence")
+                        pending = frozenset(p for p in pending if p[0] in ("fence", "bulk"))
+                    if eff[0] == "rt":  # a bulk group: the groups before it count one more after them
+                        pending = frozenset(("bulk", p[1], min(p[2] + 1, NEWER)) if p[0] == "bulk" else p
+                                            for p in pending) | {("bulk", acc, 0)}
                     pending = pending | {("sync", acc)} | ({("fence", acc)} if eff[0] in ("r", "w") else frozenset())
             out.append(op)
         if insert:
             r.ops = out
         return pending
 
-    region(k.body, frozenset(), True)
+    if any(p[0] == "bulk" for p in region(k.body, frozenset(), True)):
+        k.body.ops.append(ir.Op("bulk_wait", [], [], {"allow": 0}, k.span))
     return k
