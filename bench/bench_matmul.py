@@ -1,6 +1,8 @@
 """Matmul: newt (newtc.ops.matmul, stdlib/matmul.nk; and its descriptor kernel matmul_tma, TMA copies on sm_90a) vs
 Triton (its tutorial kernel, autotuned over the tutorial's configurations) vs cuBLAS (torch.matmul), f16 and bf16,
-TFLOP/s.
+TFLOP/s. fp8 (e4m3, A row-major and B column-major as torch._scaled_mm takes them, the product in bf16): cuBLAS is
+torch._scaled_mm with unit scales and fast accumulation (wgmma's own f32 sums, as newt's and Triton's), Triton its
+tutorial's fp8 configurations.
 
     python bench/bench_matmul.py [--quick] [--sweep] [--shapes]
 
@@ -29,18 +31,20 @@ OFF_BENCH = [(256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 
              (4096, 4096, 4104), (4104, 4104, 4096)]
 
 
-def triton_matmul():
-    """Triton's matmul tutorial (03-matrix-multiplication.py), autotuned over its CUDA configurations."""
+def triton_matmul(fp8: bool = False):
+    """Triton's matmul tutorial (03-matrix-multiplication.py), autotuned over its CUDA configurations (its fp8 ones
+    with `fp8`); fp8 products in bf16."""
     import torch
     import triton
     import triton.language as tl
 
+    tiles = ((128, 256, 128, 3, 8), (256, 128, 128, 3, 8), (256, 64, 128, 4, 4), (64, 256, 128, 4, 4),
+             (128, 128, 128, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 32, 64, 4, 4)) if fp8 else \
+        ((128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4),
+         (128, 32, 32, 4, 4), (64, 32, 32, 5, 2), (32, 64, 32, 5, 2), (128, 256, 64, 4, 8), (256, 128, 64, 3, 8),
+         (16, 64, 128, 4, 4), (16, 32, 256, 4, 4))
     configs = [triton.Config({"BLOCK_SIZE_M": m, "BLOCK_SIZE_N": n, "BLOCK_SIZE_K": k, "GROUP_SIZE_M": 8},
-                             num_stages=s, num_warps=w)
-               for m, n, k, s, w in ((128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4),
-                                     (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (128, 32, 32, 4, 4),
-                                     (64, 32, 32, 5, 2), (32, 64, 32, 5, 2), (128, 256, 64, 4, 8),
-                                     (256, 128, 64, 3, 8), (16, 64, 128, 4, 4), (16, 32, 256, 4, 4))]
+                             num_stages=s, num_warps=w) for m, n, k, s, w in tiles]
 
     @triton.autotune(configs=configs, key=["M", "N", "K"])
     @triton.jit
@@ -76,7 +80,7 @@ def triton_matmul():
 
     def matmul(a, b):
         (m, k), n = a.shape, b.shape[1]
-        c = torch.empty((m, n), device=a.device, dtype=a.dtype)
+        c = torch.empty((m, n), device=a.device, dtype=out_dtype(a))
         grid = lambda meta: (triton.cdiv(m, meta["BLOCK_SIZE_M"]) * triton.cdiv(n, meta["BLOCK_SIZE_N"]),)  # noqa: E731
         kernel[grid](a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride())
         return c
@@ -95,6 +99,28 @@ def tma_matmul(a, b):
     return c
 
 
+def out_dtype(a):
+    import torch
+    return torch.bfloat16 if a.element_size() == 1 else a.dtype
+
+
+def operands(dtype, m: int, n: int, k: int) -> tuple:
+    """Random A [m, k] and B [k, n]; fp8's B column-major (K contiguous: what wgmma's fp8 form and cuBLAS take)."""
+    import torch
+    a = torch.randn(m, k, device="cuda").to(dtype)
+    if dtype.itemsize == 1:
+        return a, torch.randn(n, k, device="cuda").to(dtype).t()
+    return a, torch.randn(k, n, device="cuda").to(dtype)
+
+
+def cublas(a, b):
+    import torch
+    if a.element_size() > 1:
+        return a @ b
+    one = torch.ones((), device=a.device)
+    return torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16, use_fast_accum=True)
+
+
 def tflops(m, n, k, ms) -> float | str:
     return 2 * m * n * k / ms / 1e9 if isinstance(ms, float) else ms
 
@@ -108,10 +134,12 @@ def close(ref):
 def run(quick: bool, sweep: bool = False, shapes: bool = False):
     import torch
     try:
-        tmm = triton_matmul()
+        tmm = {torch.float16: triton_matmul(), torch.float8_e4m3fn: triton_matmul(fp8=True)}
+        tmm[torch.bfloat16] = tmm[torch.float16]
     except ImportError:
-        tmm = None
-    cases = [(dtype, shape) for dtype in (torch.float16, torch.bfloat16) for shape in (SHAPES[:2] if quick else SHAPES)]
+        tmm = {}
+    cases = [(dtype, shape) for dtype in (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
+             for shape in (SHAPES[:2] if quick else SHAPES)]
     yield products("matmul (TFLOP/s; ratios are speed: above 1, newt is faster)", cases, tmm, quick)
     if shapes:
         cases = [(torch.float16, s) for s in OFF_BENCH] + [(torch.bfloat16, s) for s in OFF_BENCH[::3]]
@@ -126,11 +154,12 @@ def products(title: str, cases: list, tmm, quick: bool) -> Table:
     from newtc import ops
     rows = []
     for dtype, (m, n, k) in cases:
-        a = torch.randn(m, k, device="cuda", dtype=dtype)
-        b = torch.randn(k, n, device="cuda", dtype=dtype)
-        fns = {"newt": lambda: ops.matmul(a, b), "TMA": lambda: tma_matmul(a, b), "cuBLAS": lambda: a @ b}
-        if tmm:
-            fns["Triton"] = lambda: tmm(a, b)
+        a, b = operands(dtype, m, n, k)
+        fns = {"newt": lambda: ops.matmul(a, b), "cuBLAS": lambda: cublas(a, b)}
+        if dtype.itemsize > 1:  # (matmul_tma reads row-major B)
+            fns["TMA"] = lambda: tma_matmul(a, b)
+        if dtype in tmm:
+            fns["Triton"] = functools.partial(tmm[dtype], a, b)
         times = measure_all(fns, close(a.float() @ b.float()), quick)
         t_newt, t_tma, t_tri, t_cub = (times.get(name, "n/a") for name in ("newt", "TMA", "Triton", "cuBLAS"))
         rows.append({"kernel": f"matmul {str(dtype)[6:]}", "shape": f"{m}x{n}x{k}",
@@ -153,18 +182,25 @@ SWEEP = [(128, 256, 64, 8, 4, False, False, False, 1), (128, 256, 64, 8, 4, Fals
          (128, 128, 64, 4, 4, True, True, False, 2), (128, 256, 64, 8, 4, True, True, True, 4)]
 
 
-def sweep_configs(quick: bool, shapes: list) -> Table:
-    """newt's kernel over tile configurations, f16 and bf16, on each of `shapes`: what ops._matmul_config should
-    pick."""
+SWEEP_FP8 = [(128, 256, 128, 8, 3, False, False, False, 1), (128, 256, 128, 8, 4, False, False, False, 1),
+             (128, 256, 64, 8, 4, False, False, False, 1), (128, 128, 128, 4, 4, False, False, False, 1),
+             (256, 128, 128, 8, 3, False, False, False, 1), (128, 256, 128, 8, 4, True, True, True, 1),
+             (128, 256, 128, 8, 3, True, True, True, 1), (128, 256, 128, 8, 3, True, True, False, 1),
+             (128, 128, 128, 4, 4, True, True, False, 1), (128, 256, 128, 8, 4, True, True, True, 2)]
+
+
+def sweep_configs(quick: bool, shapes: list, dtypes: tuple = ()) -> Table:
+    """newt's kernel over tile configurations, f16, bf16 and fp8 (or `dtypes`), on each of `shapes`: what
+    ops._matmul_config should pick."""
     import torch
     import newtc.ops as ops
     mod = ops._stdlib("matmul")
     rows = []
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for (m, n, k), dtype in itertools.product(shapes, (torch.float16, torch.bfloat16)):
-        a, b = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
+    for (m, n, k), dtype in itertools.product(shapes, dtypes or (torch.float16, torch.bfloat16, torch.float8_e4m3fn)):
+        a, b = operands(dtype, m, n, k)
         fns = {}
-        for bm, bn, bk, w, s, ws, persistent, halves, ctas in SWEEP:
+        for bm, bn, bk, w, s, ws, persistent, halves, ctas in SWEEP if dtype.itemsize > 1 else SWEEP_FP8:
             per_cluster = -(-m // (bm * ctas)) * -(-n // bn)  # tiles, counted by clusters
             grid = (min(per_cluster, sms // ctas) * ctas if persistent else per_cluster * ctas,)
             meta = dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, WS=ws, HALVES=halves, CTAS=ctas, num_warps=w, num_stages=s,
@@ -183,7 +219,7 @@ def product(kernel, grid: tuple, a, b, meta: dict):
     """a @ b by one launch of the stdlib kernel with these constexprs."""
     import torch
     (m, k), n = a.shape, b.shape[1]
-    c = torch.empty(m, n, device=a.device, dtype=a.dtype)
+    c = torch.empty(m, n, device=a.device, dtype=out_dtype(a))
     kernel[grid](a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), **meta)
     return c
 

@@ -6,7 +6,7 @@
 Pipelined matmuls (cp.async rings, ldmatrix), a transposed operand, the epilogue, reductions across warps,
 row kernels, the transpose, an atomic histogram; TMA copies into an mbarrier ring, a warp-specialized one, and one in
 clusters; stream-K's parts and flags; attention forward and backward; scans, a sort and a histogram across warps; a
-spin lock on a scalar atomic in a `while` loop; block pointers; fp8 conversions. Without a GPU it
+spin lock on a scalar atomic in a `while` loop; block pointers; fp8 conversions and products. Without a GPU it
 runs the same kernels through the interpreter (a check that the script itself is right)."""
 import itertools
 
@@ -23,6 +23,9 @@ def main() -> None:
         for dt in (torch.float16, torch.bfloat16, torch.float32):
             a, b = torch.randn(m, k, device=d, dtype=dt), torch.randn(k, n, device=d, dtype=dt)
             ops.matmul(a, b)
+    for (m, n, k), fmt in itertools.product(((100, 70, 96), (300, 260, 272)), (torch.float8_e4m3fn, torch.float8_e5m2)):
+        a, bt = torch.randn(m, k, device=d).to(fmt), torch.randn(n, k, device=d).to(fmt)  # fp8: wgmma's own on sm_90a
+        ops.matmul(a, bt.t()), ops.matmul(a, bt.t().contiguous())  # where B holds K contiguous, else as f16
     for m, n, k in ((100, 72, 88), (300, 264, 136)):  # the descriptor matmul: TMA copies and mbarriers on sm_90a
         a, b, c = torch.randn(m, k, device=d).half(), torch.randn(k, n, device=d).half(), torch.empty(m, n, device=d).half()
         ops._stdlib("matmul").matmul_tma[(-(-m // 64) * -(-n // 64),)](a, b, c, m, n, k, k, n, n, BM=64, BN=64, BK=32,

@@ -1511,9 +1511,6 @@ def _dot(c: Checker, span, a, b, acc=None, input_precision="tf32"):
     if input_precision not in ("tf32", "ieee"):
         raise NkError(f"input_precision must be 'tf32' or 'ieee', got {input_precision!r}", span,
                       "'tf32' runs f32 operands on the tensor cores, 'ieee' keeps full f32 (CUDA cores)")
-    if {a.type.dtype, b.type.dtype} & set(FP8):
-        raise NkError(f"dot() of fp8 blocks is not supported: {a.type} @ {b.type}", span,
-                      "convert the operands first, e.g. a.to(f16) @ b.to(f16)")
     if a.type.dtype != b.type.dtype:
         dt = promote(a.type.dtype, b.type.dtype)
         a, b = c.cast(a, dt, span), c.cast(b, dt, span)

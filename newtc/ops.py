@@ -743,7 +743,7 @@ SHORT_K = 2  # K steps up to which a lone program per SM leaves its first loads 
 
 
 def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", sms: int = Gpu.sms,
-                   ws: bool = False) -> dict:
+                   ws: int = 0) -> dict:
     """Tile sizes by shape. Few rows (decoding) stream B from memory: the width whose programs fill the SMs in the
     fewest waves of columns (the wider on a tie: A is read once per program), and up to 6 slots of 256 (else 128) K a
     step, for 150-200 KB of loads in flight per SM (measured at 16x4096x4096 and 64x8192x8192: 1.2-1.26x the 4-slot ring
@@ -752,19 +752,20 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
     64x64, not 128x256 with three quarters of each tile outside). So 4096^3 takes 128x256 (512 tiles, 97% of 4 waves),
     1024^3 64x128 (128 tiles, where 128x256 would leave 100 SMs idle), and 3072^3 still 128x256 (73% of 3 waves at its
     rate beats 97% at 64x128's). 128x256 keeps a 4-slot ring: 3 slots leave asynchronous wgmma one tile of prefetch (504
-    against 621 TFLOP/s at 4096^3 in the eighth session). f32 (tf32) halves BK. With `ws` (a producer warpgroup), the
-    ring stays in use while the tile's output goes out through shared memory in column halves (HALVES), so the slots
-    share the limit with half a tile.
+    against 621 TFLOP/s at 4096^3 in the eighth session). f32 (tf32) halves BK, fp8 doubles it. With `ws` (a producer
+    warpgroup; the output's element bytes), the ring stays in use while the tile's output goes out through shared
+    memory in column halves (HALVES), so the slots share the limit with half a tile.
     A K loop of at most SHORT_K steps takes a tile two programs an SM can share, and without `ws` no more slots than
     K steps and one (4096x4096x64: 128x128 in 2 slots, 129 TFLOP/s, where 128x256 ran 109 and 128x128 in 4 slots 90)."""
     smem_limit = smem.LIMIT.get(arch, 48 * 1024)
-    if m <= 64:
-        bm = max(16, _pow2(m))
+    if m <= 64:  # (wgmma's fp8 takes blocks of 64 rows: those past M cost tensor-core time, no bytes: TMA fills zeros)
+        bm = 64 if itemsize == 1 else max(16, _pow2(m))
         bn = min((32, 64), key=lambda bn: (_cdiv(_cdiv(n, bn), sms) * bn, -bn))
         bk = 256 if 6 * (bm + bn) * 256 * itemsize <= smem_limit else 128
+        bk //= 2 if itemsize == 1 else 1  # fp8 keeps f16's K a step here: 6 slots of its 64 rows of A fit
         cfg = dict(BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=6)
     else:
-        steps = _cdiv(k, 64 if itemsize < 4 else 32)
+        steps = _cdiv(k, 128 // itemsize)
 
         def work(tile: tuple) -> float:
             tiles = _cdiv(m, tile[0]) * _cdiv(n, tile[1])
@@ -777,11 +778,10 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
         short = steps <= SHORT_K
         bm, bn, warps, stages = max((t for t in MATMUL_TILES if not short or shared_sm(t)), key=work)
         cfg = dict(BM=bm, BN=bn, BK=64, num_warps=warps, num_stages=stages)
-    if itemsize == 4:
-        cfg["BK"] //= 2
+    cfg["BK"] = cfg["BK"] * 2 // itemsize  # 128 bytes of K a step (wgmma's swizzled rows), 256 with few rows
     cfg["BK"] = min(cfg["BK"], max(16, _pow2(k)))
     ring = (cfg["BM"] + cfg["BN"]) * cfg["BK"] * itemsize  # one slot of the A and B rings
-    out = cfg["BM"] * cfg["BN"] * itemsize // 2 if ws else 0
+    out = cfg["BM"] * cfg["BN"] * ws // 2
     cap = (smem_limit - out) // ring
     if not ws:  # no more slots than K steps and one: the rest would never fill (with ws, the next tile's K steps do)
         cap = min(cap, _cdiv(k, cfg["BK"]) + 1)  # and would only crowd out a second program per SM
@@ -802,53 +802,72 @@ def _stream_k(tiles: int, steps: int, sms: int, arch: str = "sm_90a") -> int:
 
 def _tma_ready(t: Tensor) -> bool:
     """A 2-D operand whose tiles the matmul's specialization copies by TMA on sm_90a (passes/pipeline.py): a 16-byte
-    aligned base, a unit stride, and the other one a multiple of 8 elements (a launch proves 16 and odd multiples of 8)."""
+    aligned base, a unit stride, and the other one 16 bytes apart and a multiple of 8 elements (a launch proves 16 and
+    odd multiples of 8)."""
     s0, s1 = t.stride()
-    return t.data_ptr() % 16 == 0 and (s1 == 1 and s0 % 8 == 0 < s0 or s0 == 1 and s1 % 8 == 0 < s1)
+    e = max(8, 16 // t.element_size())
+    return t.data_ptr() % 16 == 0 and (s1 == 1 and s0 % e == 0 < s0 or s0 == 1 and s1 % e == 0 < s1)
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-           activation: str | None = None) -> torch.Tensor:
-    """a @ b (+ bias over the columns, then relu or gelu) for 2-D f16, bf16 or f32 tensors (f32 runs as tf32);
-    any strides, so transposed views need no copy."""
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """a @ b (+ bias over the columns, then relu or gelu) for 2-D f16, bf16 or f32 tensors (f32 runs as tf32), or fp8
+    (float8_e4m3fn, float8_e5m2; unscaled); any strides, so transposed views need no copy. The product is in
+    `out_dtype` (f16, bf16 or f32): by default a's dtype, bf16 for fp8. On sm_90a fp8 runs at its own rate where both
+    tiles hold K contiguous (a row-major, b column-major: b = bt.t(), as torch._scaled_mm takes it); else as f16."""
     key = ("matmul", a.shape, a.stride(), a.dtype, b.shape, b.stride(), b.dtype, a.get_device(), activation,
-           None if bias is None else (bias.shape, bias.stride(), bias.dtype))
+           None if bias is None else (bias.shape, bias.stride(), bias.dtype), out_dtype)
     bound = _fast.get(key)
     if bound is None or (out := bound(a, b) if bias is None else bound(a, b, bias)) is None:
-        out = _matmul(a, b, bias, activation, key)
+        out = _matmul(a, b, bias, activation, out_dtype, key)
     return out
 
 
-def _matmul_plan(a: Tensor, b: Tensor, sms: int, arch: str) -> tuple[dict, int, int]:
+def _matmul_plan(a: Tensor, b: Tensor, sms: int, arch: str, out: int) -> tuple[dict, int, int]:
     """The constexprs, the grid and the stream-K tiles of a @ b: a program per tile; stream-K where whole tiles
-    leave the SMs idle (`_stream_k`); else, with more tiles than SMs on sm_90a and TMA copies of 16-bit A and B, a
-    program per SM walking the tiles, with a producer warpgroup that loads the next tile's K steps while the consumers
-    store this one (H200, f16 and bf16, 4096^3, 8192^3, 2048x14336x4096, 16384x4096x4096: 1.00-1.03x a program a tile;
-    4096x4096x512 1.09x). tf32's B is not read by asynchronous wgmma from its TMA copy, so no producer takes its loop."""
+    leave the SMs idle (`_stream_k`); else, with more tiles than SMs on sm_90a and TMA copies of 16-bit A and B (or fp8
+    ones wgmma takes as they are), a program per SM walking the tiles, with a producer warpgroup that loads the next
+    tile's K steps while the consumers store this one (H200, f16 and bf16, 4096^3, 8192^3, 2048x14336x4096,
+    16384x4096x4096: 1.00-1.03x a program a tile; 4096x4096x512 1.09x; fp8 4096^3 and 8192^3 1.06x). tf32's B is not
+    read by asynchronous wgmma from its TMA copy, so no producer takes its loop."""
     (m, k), n = a.shape, b.shape[1]
-    cfg = _matmul_config(m, n, k, a.element_size(), arch, sms)
+    item = _mma_bytes(a, b, arch)
+    cfg = _matmul_config(m, n, k, item, arch, sms)
     tiles = _cdiv(m, cfg["BM"]) * _cdiv(n, cfg["BN"])
     sk = _stream_k(tiles, _cdiv(k, cfg["BK"]), sms, arch) if m > 64 else 0
-    if sk or tiles <= sms or m <= 64 or arch != "sm_90a" or a.element_size() != 2 or \
-            not (_tma_ready(a) and _tma_ready(b)):
+    if sk or tiles <= sms or m <= 64 or arch != "sm_90a" or item > 2 or not (_tma_ready(a) and _tma_ready(b)):
         return dict(GROUP_M=8, **cfg), sms if sk else tiles, sk
-    return dict(GROUP_M=8, WS=True, HALVES=True, **_matmul_config(m, n, k, a.element_size(), arch, sms, ws=True)), \
-        sms, 0
+    return dict(GROUP_M=8, WS=True, HALVES=True, **_matmul_config(m, n, k, item, arch, sms, ws=out)), sms, 0
 
 
-def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, key=None) -> Tensor:
+def _mma_bytes(a: Tensor, b: Tensor, arch: str) -> int:
+    """The bytes an operand element weighs in _matmul_config (K a step, ring slots): fp8 one in wgmma, whose fp8 tiles
+    hold K contiguous (sm_90a, a row-major, b column-major); elsewhere mma.sync takes it converted to f16 pair by
+    pair, which holds twice the registers of f16's K step, so as 4 (half that step: 128x256 spills at f16's)."""
+    if a.element_size() > 1:
+        return a.element_size()
+    return 1 if arch == "sm_90a" and a.stride(1) == 1 and b.stride(0) == 1 else 4
+
+
+def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, out_dtype: torch.dtype | None,
+            key=None) -> Tensor:
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise NkError(f"matmul takes [M, K] @ [K, N], got {list(a.shape)} @ {list(b.shape)}")
-    _float(a, "matmul")
+    fp8 = a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    if not fp8 and a.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise NkError(f"matmul takes f32, f16, bf16 or fp8 tensors, got {a.dtype}")
     if b.dtype != a.dtype:
         raise NkError(f"matmul operands must share a dtype, got {a.dtype} and {b.dtype}")
+    out_dtype = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
+    if out_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise NkError(f"matmul's out_dtype is f32, f16 or bf16, got {out_dtype}")
     (m, k), n = a.shape, b.shape[1]
     if bias is not None and bias.shape != (n,):  # the kernel reads N values of it, whatever its shape
         raise NkError(f"matmul's bias has one value per column of the product, [{n}]; got {list(bias.shape)}")
     if m == 0 or n == 0:
-        return torch.empty((m, n), dtype=a.dtype, device=a.device)
+        return torch.empty((m, n), dtype=out_dtype, device=a.device)
     sms, arch = gpu(a.get_device()).sms, _arch(a)
-    meta, grid, sk = _matmul_plan(a, b, sms, arch)
+    meta, grid, sk = _matmul_plan(a, b, sms, arch, out_dtype.itemsize)
     meta["ACTIVATION"] = activation or "none"
     sizes, mod = (m, n, k, *a.stride(), *b.stride(), n, 1), _stdlib("matmul")
     cb = None if bias is None else bias.contiguous()
@@ -856,7 +875,7 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, k
     inputs = (a, b) if bias is None else (a, b, cb)
     if sk:  # its flags start at zero: made per call, so not bound (the call path makes outputs with empty_like)
         def made(x: Tensor) -> tuple:
-            return (torch.empty((m, n), dtype=x.dtype, device=x.device),
+            return (torch.empty((m, n), dtype=out_dtype, device=x.device),
                     torch.empty(sms * meta["BM"] * meta["BN"], dtype=torch.float32, device=x.device),
                     torch.zeros(sms, dtype=torch.int32, device=x.device))
         out = len(inputs)
@@ -864,7 +883,7 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, k
         return _run(None, [(mod.matmul_sk, (grid,), args, dict(meta, BIAS=bias is not None))], made, inputs)
     step = (mod.matmul, (grid,), (A, B, C, *sizes), meta) if bias is None else \
         (mod.matmul_bias, (grid,), (A, B, D, C, *sizes), meta)
-    return _run(key, [step], lambda x: (torch.empty((m, n), dtype=x.dtype, device=x.device),), inputs)
+    return _run(key, [step], lambda x: (torch.empty((m, n), dtype=out_dtype, device=x.device),), inputs)
 
 
 # ---- attention ----------------------------------------------------------------------------------------

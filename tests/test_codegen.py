@@ -91,7 +91,7 @@ def matmul(kernel, label, dt, m, n, k, *expect, activation="none", transposed=Fa
     aligned = [name for name, t in sig.items() if isinstance(t, Ptr)] + [x for x, v in values.items() if v % 16 == 0]
     out = []
     for arch in archs:
-        cfg = _matmul_config(m, n, k, dt.itemsize, arch, ws=ws)
+        cfg = _matmul_config(m, n, k, dt.itemsize, arch, ws=dt.itemsize * ws)
         nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
         consts = {**cfg, "GROUP_M": 8, "ACTIVATION": activation, **({"BIAS": True} if sk else {"WS": ws}),
                   **({"HALVES": True} if ws and arch == "sm_90a" else {})}  # (mma.sync's halves are not selections)

@@ -38,6 +38,14 @@ kernel arith(a, b, twice, mixed, total, n, BLOCK: constexpr):
     store(total + program_id(0) * 2, sum(x, axis=0))
     store(total + program_id(0) * 2 + 1, max(x, axis=0))
 
+kernel dot8(a, b, c, sam, sak, sbk, sbn, BM: constexpr, BN: constexpr, BK: constexpr):
+    rm = arange(0, BM)
+    rn = arange(0, BN)
+    rk = arange(0, BK)
+    x = load(a + rm[:, None] * sam + rk[None, :] * sak)
+    y = load(b + rk[:, None] * sbk + rn[None, :] * sbn)
+    store(c + rm[:, None] * BN + rn[None, :], dot(x, y))
+
 kernel scale(x, out, s: f8e4m3, n, BLOCK: constexpr):
     offs = program_id(0) * BLOCK + arange(0, BLOCK)
     store(out + offs, load(x + offs, mask=offs < n) * s, mask=offs < n)
@@ -185,6 +193,36 @@ def test_an_fp8_scalar_parameter_is_rounded_on_entry(path):
     out = poisoned(want).to(on(path))
     launch(KERNELS.scale, path, 300, x.to(on(path)), out, 0.3)
     assert torch.equal(out.cpu(), want)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("fa, fb", [("f8e4m3", "f8e4m3"), ("f8e5m2", "f8e5m2"), ("f8e4m3", "f8e5m2")])
+@pytest.mark.parametrize("b_major", ["k", "n"])
+def test_dot_of_fp8_blocks_sums_exact_products_in_f32(device, fa, fb, b_major):
+    """dot of fp8 blocks: the f32 sum of products exact in f32, here equal to the exact product (quarters up to 2
+    in magnitude, 64 long: every partial sum is exact in any order). On sm_90a wgmma's fp8 form where B holds K
+    contiguous, else mma.sync on values converted to f16; two formats meet in f16 (Triton's promotion)."""
+    m = n = k = 64
+    a = to_fp8(torch.randint(-8, 9, (m, k)) / 4, fa)
+    b = to_fp8(torch.randint(-8, 9, (n, k)) / 4, fb).t() if b_major == "k" else \
+        to_fp8(torch.randint(-8, 9, (k, n)) / 4, fb)
+    want = (a.double() @ b.double()).float()
+    c = poisoned(want).to(device)
+    a, b = a.to(device), b.to(device)
+    KERNELS.dot8[(1,)](a, b, c, *a.stride(), *b.stride(), BM=m, BN=n, BK=k, num_warps=4)
+    assert torch.equal(c.cpu(), want)
+
+
+@pytest.mark.parametrize("arch, fmt, b_major, expect", [("sm_90a", "f8e4m3", "k", "QGMMA"), ("sm_90a", "f8e5m2", "k", "QGMMA"),
+                                                        ("sm_90a", "f8e4m3", "n", "HMMA"), ("sm_80", "f8e4m3", "k", "HMMA")])
+def test_dot_of_fp8_blocks_runs_on_the_tensor_cores(arch, fmt, b_major, expect):
+    """sm_90a: wgmma's fp8 form (QGMMA) where B holds K contiguous (it transposes only 16-bit tiles), else mma.sync
+    in f16 (HMMA), as on sm_80."""
+    a, b = torch.empty(64, 64, dtype=FORMATS[fmt]), torch.empty(64, 64, dtype=FORMATS[fmt])
+    b = b.t() if b_major == "k" else b
+    text = KERNELS.dot8.sass(a, b, torch.empty(64, 64), *a.stride(), *b.stride(), BM=64, BN=64, BK=64, num_warps=4,
+                             arch=arch)
+    assert expect in text and "LDL" not in text
 
 
 # ---- the generated code --------------------------------------------------------------------------------------------

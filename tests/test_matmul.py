@@ -94,6 +94,52 @@ def test_matmul_epilogue(device, activation, with_bias):
         check(ops.matmul(a, b, bias, activation), reference(a, b, bias, activation), torch.float16)
 
 
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("b_major", ["k", "n"])
+def test_fp8_matmul(device, fp8, b_major):
+    """fp8 operands, unscaled; the product in bf16 by default, or out_dtype. On sm_90a wgmma's fp8 form where B holds
+    K contiguous (column-major: TMA boxes 128 K wide; a program a tile, and persistent), else mma.sync on pairs
+    converted to f16; persistent and stream-K sizes; M under a wgmma block, K not a multiple of a step."""
+    shapes = [(70, 50, 40)] if device == "cpu" else [(1000, 1001, 1024), (512, 768, 1024), (1504, 5600, 264),
+                                                     (2000, 4100, 1024), (17, 1001, 100), (257, 513, 48)]
+    for m, n, k in shapes:
+        a = torch.randn(m, k, device=device).to(fp8)
+        b = torch.randn(n, k, device=device).to(fp8).t() if b_major == "k" else torch.randn(k, n, device=device).to(fp8)
+        for out_dtype in (None, torch.float32):
+            check(ops.matmul(a, b, out_dtype=out_dtype), reference(a, b), out_dtype or torch.bfloat16)
+
+
+@pytest.mark.parametrize("arch, b_major, expect", [("sm_90a", "k", "QGMMA"), ("sm_90a", "n", "HMMA"),
+                                                   ("sm_80", "k", "HMMA")])
+def test_fp8_matmul_runs_on_the_tensor_cores(arch, b_major, expect):
+    """ops.matmul's 4096^3 fp8 kernel: on sm_90a wgmma on fp8 (QGMMA) from TMA copies when B holds K contiguous
+    (wgmma transposes only 16-bit tiles), else mma.sync in f16; no spills."""
+    m = n = k = 4096
+    a = torch.empty(m, k, dtype=torch.float8_e4m3fn)
+    b = torch.empty(n, k, dtype=torch.float8_e4m3fn).t() if b_major == "k" else \
+        torch.empty(k, n, dtype=torch.float8_e4m3fn)
+    c = torch.empty(m, n, dtype=torch.bfloat16)
+    cfg = ops._matmul_config(m, n, k, ops._mma_bytes(a, b, arch), arch)
+    sass = ops._stdlib("matmul").matmul.sass(a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), GROUP_M=8,
+                                             arch=arch, **cfg)
+    assert expect in sass and "LDL" not in sass and "STL" not in sass
+    assert ("UTMALDG" in sass) == (arch == "sm_90a")
+
+
+@pytest.mark.parametrize("device", devices())
+def test_matmul_out_dtype(device):
+    """A product in another dtype than its operands': f32 of f16 (on sm_90a, a program a tile and the persistent
+    kernel, which stages the wider tile beside a slot fewer) and bf16 of f32."""
+    for m, n, k in [(40, 72, 48)] if device == "cpu" else [(777, 1025, 320), (1504, 5600, 264)]:
+        a, b = torch.randn(m, k, device=device).half(), torch.randn(k, n, device=device).half()
+        check(ops.matmul(a, b, out_dtype=torch.float32), reference(a, b), torch.float32)
+        check(ops.matmul(a.float(), b.float(), out_dtype=torch.bfloat16), reference(a, b), torch.bfloat16)
+
+
 def test_the_tile_by_shape_fills_the_sms():
     """ops' tile weighs a big tile's rate against the SMs its last wave leaves idle and the part of it past C's edges:
     products of many tiles keep 128x256, a product that would leave most of an H200's 132 SMs idle takes a tile that
@@ -114,7 +160,7 @@ def test_a_short_k_loop_takes_tiles_that_share_an_sm_and_only_the_slots_it_fills
     for k, slots in ((64, 2), (128, 3)):
         cfg = ops._matmul_config(4096, 4096, k, 2, "sm_90a", 132)
         assert (cfg["BM"], cfg["BN"], cfg["num_warps"], cfg["num_stages"]) == (128, 128, 4, slots), k
-        assert ops._matmul_config(4096, 4096, k, 2, "sm_90a", 132, ws=True)["num_stages"] >= 3
+        assert ops._matmul_config(4096, 4096, k, 2, "sm_90a", 132, ws=2)["num_stages"] >= 3
     for k in (256, 4096):
         cfg = ops._matmul_config(4096, 4096, k, 2, "sm_90a", 132)
         assert (cfg["BM"], cfg["BN"], cfg["num_stages"]) == (128, 256, 4), k
@@ -169,15 +215,15 @@ def test_a_matmul_of_more_tiles_than_sms_goes_persistent_on_hopper():
     its tile stored in column halves beside a 4-slot ring, where A and B are 16-bit TMA copies (a unit stride, the
     other a multiple of 8; either may be transposed); else a program per tile. The persistent kernel it launches has
     its producer (setmaxnreg)."""
-    def plan(a, b, arch="sm_90a"):
-        meta, grid, sk = ops._matmul_plan(a, b, 132, arch)
+    def plan(a, b, arch="sm_90a", out=2):
+        meta, grid, sk = ops._matmul_plan(a, b, 132, arch, out)
         return meta.get("WS", False), grid, sk, meta["num_stages"]
 
     def empty(*shape, dtype=torch.float16):
         return torch.empty(*shape, dtype=dtype, device="meta")
     big = empty(4096, 4096)
     assert plan(big, big) == (True, 132, 0, 4)
-    meta = ops._matmul_plan(big, big, 132, "sm_90a")[0]
+    meta = ops._matmul_plan(big, big, 132, "sm_90a", 2)[0]
     x, n = torch.empty(256, 256, dtype=torch.float16), 4096
     args = (x, x, x, n, n, n, n, 1, n, 1, n, 1)
     assert "setmaxnreg" in ops._stdlib("matmul").matmul.output(args, meta, "cuda", "sm_90a").cuda.source
@@ -187,6 +233,10 @@ def test_a_matmul_of_more_tiles_than_sms_goes_persistent_on_hopper():
     assert plan(empty(4096, 4100)[:, :4096], big)[:2] == (False, 512)  # rows 4100 apart: cp.async
     assert plan(empty(2048, 2048), empty(2048, 2048))[:2] == (False, 128)  # a wave of tiles
     assert plan(empty(3072, 3072), empty(3072, 3072))[:3] == (False, 132, 156)  # stream-K
+    assert plan(big, big, out=4) == (True, 132, 0, 3)  # an f32 product staged beside the ring: a slot fewer
+    f8 = torch.float8_e4m3fn  # fp8 as wgmma takes it (B column-major): 128 K a step; else converted to f16
+    assert plan(empty(4096, 4096, dtype=f8), empty(4096, 4096, dtype=f8).t()) == (True, 132, 0, 4)
+    assert plan(empty(4096, 4096, dtype=f8), empty(4096, 4096, dtype=f8))[:2] == (False, 512)
 
 
 def test_matmul_rejects_bad_operands():
@@ -194,8 +244,10 @@ def test_matmul_rejects_bad_operands():
         ops.matmul(torch.randn(3, 4), torch.randn(5, 6))
     with pytest.raises(newtc.NkError, match="share a dtype"):
         ops.matmul(torch.randn(3, 4), torch.randn(4, 6).half())
-    with pytest.raises(newtc.NkError, match="f32, f16 or bf16"):
+    with pytest.raises(newtc.NkError, match="f32, f16, bf16 or fp8"):
         ops.matmul(torch.ones(3, 4, dtype=torch.int32), torch.ones(4, 6, dtype=torch.int32))
+    with pytest.raises(newtc.NkError, match="out_dtype is f32, f16 or bf16"):
+        ops.matmul(torch.randn(3, 4), torch.randn(4, 6), out_dtype=torch.int32)
     for bias in (torch.randn(5), torch.randn(3, 6)):  # too short (read past its end), or a whole C
         with pytest.raises(newtc.NkError, match=r"bias has one value per column of the product, \[6\]"):
             ops.matmul(torch.randn(3, 4), torch.randn(4, 6), bias)

@@ -507,7 +507,7 @@ def test_stdlib_matmul_tma_matches_torch(device, dtype, name, ws):
     kernel = getattr(ops._stdlib("matmul"), name)
     for m, n, k in shapes:
         a, b, c = padded(m, k, dtype, device), padded(k, n, dtype, device), padded(m, n, dtype, device).fill_(math.nan)
-        cfg = ops._matmul_config(m, n, k, 2, "sm_90a", ws=ws)  # the ring beside half a tile: ops' persistent launch
+        cfg = ops._matmul_config(m, n, k, 2, "sm_90a", ws=2 * ws)  # the ring beside half a tile: ops' persistent launch
         strides = (a.stride(0), b.stride(0), c.stride(0)) if name == "matmul_tma" else (*a.stride(), *b.stride(),
                                                                                         *c.stride())
         args, meta = (a, b, c, m, n, k, *strides), dict(GROUP_M=8, WS=ws, **cfg)

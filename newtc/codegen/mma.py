@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .. import ir
 from ..layout import Layout, inverse, to_coord, to_flat, wgmma_descriptor, xor_span
+from ..types import FP8, f16
 from . import cexpr
 from .shared import buffer_base
 
@@ -43,7 +44,8 @@ def fma(cg, op: ir.Op) -> None:
 
 def mma(cg, op: ir.Op) -> None:
     """One mma.sync.m16n8k(8 kwidth) per 16x8 accumulator tile and k step. A fragment is 4 (A) or 2 (B)
-    32-bit registers of kwidth consecutive k each: k, then row 8 (A only), then k + 4 kwidth."""
+    32-bit registers of kwidth consecutive k each: k, then row 8 (A only), then k + 4 kwidth. fp8 runs as f16
+    (every fp8 value is one): each element is converted as it is packed."""
     a, b, acc = op.args
     res = op.result
     ksize = int(op.attrs["mma"].rsplit("k", 1)[1])
@@ -52,10 +54,12 @@ def mma(cg, op: ir.Op) -> None:
     name = cg.array(res)
     out = by_coord(res.layout, [f"{name}[{i}]" for i in range(res.layout.nregs)])
     pack = {1: "nk_bits32", 2: "nk_pack2", 4: "nk_pack4"}[kwidth]
+    dt = a.type.dtype
+    elem = (lambda x: cexpr.cast(x, dt, f16)) if dt in FP8 else (lambda x: x)
 
     def packed(cache: dict, frag: dict, key, coords: list) -> list[str]:
         if key not in cache:
-            words = [f"{pack}({', '.join(frag[c] for c in coords[w * kwidth:(w + 1) * kwidth])})"
+            words = [f"{pack}({', '.join(elem(frag[c]) for c in coords[w * kwidth:(w + 1) * kwidth])})"
                      for w in range(len(coords) // kwidth)]
             names = [cg.fresh("f") for _ in words]
             cg.emit(" ".join(f"unsigned {n} = {w};" for n, w in zip(names, words)))
@@ -84,7 +88,7 @@ def mma(cg, op: ir.Op) -> None:
 
 
 def wgmma(cg, op: ir.Op) -> None:
-    """Hopper: each warpgroup issues one wgmma.m64nNk16 per 64-row block and K step, B (and A unless it is in registers)
+    """Hopper: each warpgroup issues one wgmma.m64nNk(32 bytes) per 64-row block and K step, B (and A unless it is in registers)
     read by the tensor cores from their swizzled shared tiles through matrix descriptors, then waits for them. A
     warpgroup's tiles start where its warp bits put it: a per-thread byte offset XOR-ed into each descriptor's address.
     A in registers is four 32-bit words of f16/bf16 pairs per step (rows g, g + 8 at k 2t, then at k 2t + 8), packed
@@ -95,6 +99,8 @@ def wgmma(cg, op: ir.Op) -> None:
     (m, k), n = a.type.shape, b.type.shape[1]
     mw, nw = m // gm, n // gn
     item = b.type.dtype.elem.itemsize
+    ks = 32 // item  # K per instruction: 16 of f16/bf16, 32 of fp8
+    trans = item == 2  # fp8 forms have no transpose flags (their tiles hold K contiguous)
     shared_a = isinstance(a.type.dtype, ir.Buffer)
     name = cg.array(res)
     # a zero accumulator is not copied in: the first K step ignores it (scale-d 0), and no register the tensor
@@ -129,18 +135,19 @@ def wgmma(cg, op: ir.Op) -> None:
     for blk in range(mw // 64):
         regs = [out[(64 * blk + 8 * (q // 2 % 2), 8 * (q // 4) + q % 2)] for q in range(nw // 2)]
         binds = ", ".join(f'"+f"({r})' for r in regs)
-        for s in range(k // 16):
-            db = wgmma_descriptor(b.layout, item, (16 * s, 0), (16, nw), 0)
+        for s in range(k // ks):
+            db = wgmma_descriptor(b.layout, item, (ks * s, 0), (ks, nw), 0)
             scale_d = int(not (zero and s == 0))
             if shared_a:
-                da = wgmma_descriptor(a.layout, item, (64 * blk, 16 * s), (64, 16), 1)
-                operand, args, flags = f"%{nw // 2}", [f'"l"({desc(a, wa, da)})'], f"{scale_d}, 1, 1, {int(da[4])}"
+                da = wgmma_descriptor(a.layout, item, (64 * blk, ks * s), (64, ks), 1)
+                operand, args, flags = f"%{nw // 2}", [f'"l"({desc(a, wa, da)})'], f"{scale_d}, 1, 1" + \
+                    f", {int(da[4])}" * trans
             else:  # a0..a3: the words at rows +0, +8, then at k +8
                 operand = "{" + ", ".join(f"%{nw // 2 + j}" for j in range(4)) + "}"
                 args = [f'"r"({fa[(64 * blk + 8 * (j % 2), 16 * s + 8 * (j // 2))]})' for j in range(4)]
                 flags = f"{scale_d}, 1, 1"
-            cg.emit(f'asm volatile("wgmma.mma_async.sync.aligned.m64n{nw}k16.{op.attrs["types"]} {{{ops}}}, '
-                    f'{operand}, %{nw // 2 + len(args)}, {flags}, {int(db[4])};" : {binds} : '
+            cg.emit(f'asm volatile("wgmma.mma_async.sync.aligned.m64n{nw}k{ks}.{op.attrs["types"]} {{{ops}}}, '
+                    f'{operand}, %{nw // 2 + len(args)}, {flags}{f", {int(db[4])}" * trans};" : {binds} : '
                     f'{", ".join(args)}, "l"({desc(b, wb, db)}));')
     cg.emit('asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");')
     if not op.attrs.get("async"):  # else a dot_wait follows

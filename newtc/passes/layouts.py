@@ -17,7 +17,7 @@ from .. import ir
 from ..ir import facts
 from ..layout import (Layout, axis_levels, blocked, contiguous_dim, log2, mma_acc, mma_operand, mma_warps, pair, remap,
                       rename, slice_layout, swizzled, vector, wgmma_a, wgmma_acc, wgmma_descriptor, wgmma_warps)
-from ..types import bf16, f16, f32, i8, i32, u8
+from ..types import FP8, bf16, f16, f32, f8e4m3, f8e5m2, i8, i32, u8
 
 FREE = {"splat", "arange", "broadcast", "expand_dims", "trans"}  # reshape and elementwise: free if their operands are
 
@@ -52,9 +52,12 @@ def view_source_layout(op: ir.Op, layout: Layout) -> Layout:
     raise AssertionError(op.kind)
 
 
-# the tensor-core instruction of a dot, by operand and accumulator dtype: (elements per 32-bit register, PTX types)
+# the tensor-core instruction of a dot, by operand and accumulator dtype: (elements per 32-bit register, PTX types).
+# mma.sync takes fp8 as f16 (exact: codegen.mma converts each pair as it packs it); wgmma takes it as it is
 MMA = {(f16, f32): (2, "f32.f16.f16.f32"), (bf16, f32): (2, "f32.bf16.bf16.f32"), (f32, f32): (1, "f32.tf32.tf32.f32"),
-       (i8, i32): (4, "s32.s8.s8.s32"), (u8, i32): (4, "s32.u8.u8.s32")}
+       (i8, i32): (4, "s32.s8.s8.s32"), (u8, i32): (4, "s32.u8.u8.s32"),
+       (f8e4m3, f32): (2, "f32.f16.f16.f32"), (f8e5m2, f32): (2, "f32.f16.f16.f32")}
+WGMMA = {f16: "f16", bf16: "bf16", f8e4m3: "e4m3", f8e5m2: "e5m2"}  # the operand types of wgmma, in PTX
 
 
 def mma_shape(op: ir.Op, arch: str) -> tuple | None:
@@ -72,19 +75,22 @@ def mma_shape(op: ir.Op, arch: str) -> tuple | None:
 
 
 def wgmma_layouts(op: ir.Op, spec, a_inner: int, b_inner: int) -> tuple | None:
-    """On sm_90a, f16/bf16 dots whose tiles fit the warpgroup MMA: both operands in swizzled shared tiles
-    (stored along the way they were loaded; Plan.dot may read A from registers instead), the accumulator in
-    registers; None where wgmma cannot run it (then mma.sync does)."""
+    """On sm_90a, f16/bf16/fp8 dots whose tiles fit the warpgroup MMA: both operands in swizzled shared tiles
+    (stored along the way they were loaded; Plan.dot may read 16-bit A from registers instead), the accumulator in
+    registers; None where wgmma cannot run it (then mma.sync does). A K step is 32 bytes of K; fp8 tiles must hold
+    K contiguous (wgmma transposes 16-bit tiles only)."""
     a, b, acc = op.args
     (m, k), n = a.type.shape, b.type.shape[1]
     dt = a.type.dtype
+    item = dt.itemsize if dt in WGMMA else 0
     warps = wgmma_warps((m, n), spec.num_warps)
-    if (spec.arch != "sm_90a" or dt not in (f16, bf16) or b.type.dtype != dt or acc.type.dtype != f32 or k % 16
-            or warps is None or (warps[1] > 1 and (n // warps[1]) % 64) or (m * k * 2) % 1024 or (k * n * 2) % 1024):
+    if (spec.arch != "sm_90a" or not item or b.type.dtype != dt or acc.type.dtype != f32 or k % (32 // item)
+            or warps is None or (warps[1] > 1 and (n // warps[1]) % 64) or (m * k * item) % 1024
+            or (k * n * item) % 1024 or (dt in FP8 and (a_inner, b_inner) != (1, 0))):
         return None
-    sa, sb = swizzled((m, k), (a_inner, 1 - a_inner), 2), swizzled((k, n), (b_inner, 1 - b_inner), 2)
-    if wgmma_descriptor(sa, 2, (0, 0), (64, 16), 1) is None or \
-            wgmma_descriptor(sb, 2, (0, 0), (16, n // warps[1]), 0) is None:
+    sa, sb = swizzled((m, k), (a_inner, 1 - a_inner), item), swizzled((k, n), (b_inner, 1 - b_inner), item)
+    if wgmma_descriptor(sa, item, (0, 0), (64, 32 // item), 1) is None or \
+            wgmma_descriptor(sb, item, (0, 0), (32 // item, n // warps[1]), 0) is None:
         return None
     return sa, sb, wgmma_acc((m, n), warps), warps
 
@@ -260,10 +266,10 @@ class Plan:
             a, b, acc, warps = wg
             # A from registers where its registers already are the fragment (a dot's result, elementwise on it): no
             # store, fence and barrier. Else the tensor cores read a shared tile (a loaded A goes there anyway)
-            ra = wgmma_a(op.args[0].type.shape, warps)
-            if not self.free(op.args[0]) and rename(self.of(op.args[0]), ra) is not None:
+            ra, dt = wgmma_a(op.args[0].type.shape, warps), op.args[0].type.dtype
+            if dt.itemsize == 2 and not self.free(op.args[0]) and rename(self.of(op.args[0]), ra) is not None:
                 a = ra
-            op.attrs.update(wgmma=warps, types=MMA[(op.args[0].type.dtype, f32)][1].rsplit(".", 1)[0])
+            op.attrs.update(wgmma=warps, types=f"f32.{WGMMA[dt]}.{WGMMA[dt]}")
         elif mma is not None:
             kwidth, types = mma
             # a dot feeding another (attention's S = Q K^T, then P V) splits rows only: P's registers then are
