@@ -88,8 +88,8 @@ def mma(cg, op: ir.Op) -> None:
 
 
 def wgmma(cg, op: ir.Op) -> None:
-    """Hopper: each warpgroup issues one wgmma.m64nNk(32 bytes) per 64-row block and K step, B (and A unless it is in registers)
-    read by the tensor cores from their swizzled shared tiles through matrix descriptors, then waits for them. A
+    """Hopper: each warpgroup issues one wgmma.m64nNk(32 bytes of K) per 64-row block and K step, B (and A unless it is
+    in registers) read by the tensor cores from their swizzled shared tiles through matrix descriptors, then waits. A
     warpgroup's tiles start where its warp bits put it: a per-thread byte offset XOR-ed into each descriptor's address.
     A in registers is four 32-bit words of f16/bf16 pairs per step (rows g, g + 8 at k 2t, then at k 2t + 8), packed
     and pinned before the fence that orders their writes before the tensor cores read them."""
