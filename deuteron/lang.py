@@ -16,7 +16,8 @@ from newtc.errors import NkError
 from newtc.types import DTYPES
 
 TORCH = {"bool": torch.bool, "i8": torch.int8, "i16": torch.int16, "i32": torch.int32, "i64": torch.int64,
-         "u8": torch.uint8, "f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
+         "u8": torch.uint8, "f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64,
+         "f8e4m3": torch.float8_e4m3fn, "f8e5m2": torch.float8_e5m2}
 DTYPE_OF = {t: DTYPES[n] for n, t in TORCH.items()}
 ATOMICS = {"atomic_add": torch.add, "atomic_max": torch.maximum, "atomic_min": torch.minimum}
 

@@ -93,6 +93,20 @@ def test_oracle_matches_torch(prog, name):
     close(getattr(prog, name)(*args, eager=True), ref(*args), args[0].dtype)
 
 
+def test_fp8_operands(prog):
+    """fp8 tensors: the oracle's `@` of fp8 tiles in f32, the kernel's dot of fp8 blocks (compiled for both archs);
+    each rounds its fp8 output once, to within half an e4m3 step (1/16) of the exact product."""
+    x, y = rand(37, 70, dtype=torch.float8_e4m3fn), rand(70, 45, dtype=torch.float8_e4m3fn)
+    want = x.double() @ y.double()
+    result, plan = prog.matmul.plan([x, y], {}, dict(block_tm=16, block_tn=16, block_tk=32), poison=True)
+    for arch in ("sm_80", "sm_90a"):
+        assert plan[0].compile("cubin", arch).binary.cubin
+    plan[0]()
+    for got in (result, prog.matmul(x, y, eager=True)):
+        assert got.dtype == torch.float8_e4m3fn
+        torch.testing.assert_close(got.double(), want, rtol=1 / 16, atol=2 ** -10)
+
+
 def test_causal_attention(prog):
     q, k, v = rand(2, 50, 32), rand(2, 50, 32), rand(2, 50, 32)
     want = attention_ref(q, k, v, True)
