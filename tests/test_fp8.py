@@ -17,6 +17,7 @@ import torch
 
 import newtc
 from newtc import driver, jit, nvrtc
+from newtc import ir as jit_ir
 
 FORMATS = {"f8e4m3": torch.float8_e4m3fn, "f8e5m2": torch.float8_e5m2}
 BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -45,6 +46,20 @@ kernel dot8(a, b, c, sam, sak, sbk, sbn, BM: constexpr, BN: constexpr, BK: const
     x = load(a + rm[:, None] * sam + rk[None, :] * sak)
     y = load(b + rk[:, None] * sbk + rn[None, :] * sbn)
     store(c + rm[:, None] * BN + rn[None, :], dot(x, y))
+
+kernel kloop(a, b, c, K, FOLD: constexpr, BM: constexpr, BN: constexpr, BK: constexpr):
+    rm = arange(0, BM)
+    rn = arange(0, BN)
+    rk = arange(0, BK)
+    acc = zeros([BM, BN], f32)
+    for k in range(0, K, BK):
+        x = load(a + rm[:, None] * K + (k + rk)[None, :])
+        y = load(b + rn[None, :] * K + (k + rk)[:, None])
+        if FOLD:
+            acc = dot(x, y, acc)
+        else:
+            acc += dot(x, y)
+    store(c + rm[:, None] * BN + rn[None, :], acc)
 
 kernel scale(x, out, s: f8e4m3, n, BLOCK: constexpr):
     offs = program_id(0) * BLOCK + arange(0, BLOCK)
@@ -210,6 +225,27 @@ def test_dot_of_fp8_blocks_sums_exact_products_in_f32(device, fa, fb, b_major):
     c = poisoned(want).to(device)
     a, b = a.to(device), b.to(device)
     KERNELS.dot8[(1,)](a, b, c, *a.stride(), *b.stride(), BM=m, BN=n, BK=k, num_warps=4)
+    assert torch.equal(c.cpu(), want)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("fold", [True, False])
+def test_fp8_sums_in_f32_where_asked(device, fold):
+    """`acc += dot(x, y)` on fp8 blocks adds each K step's product in f32 registers (Hopper's tensor cores keep a
+    running fp8 sum at reduced precision); `dot(x, y, acc)` accumulates on the tensor cores. The fold of one into the
+    other (passes/fold.py) leaves fp8 dots alone: one add per K step stays in the kernel. Both match the exact product
+    (integers: every partial sum is exact), on the interpreter and the GPU."""
+    m, n, k = 64, 64, 512
+    a, b = to_fp8(torch.randint(-8, 9, (m, k)), "f8e4m3"), to_fp8(torch.randint(-8, 9, (n, k)), "f8e4m3").t()
+    args = (a, b, torch.empty(m, n), k)
+    meta = dict(FOLD=fold, BM=m, BN=n, BK=128, num_warps=4)
+    body = KERNELS.kloop.output(args, meta, "ir", "sm_90a").kernel
+    loop = next(op for op in jit_ir.walk(body.body) if op.kind == "for")
+    tiles = [op.kind for op in jit_ir.walk(loop.regions[0]) if op.kind in ("dot", "add") and op.result.type.shape == (m, n)]
+    assert tiles == ["dot"] + ["add"] * (not fold)
+    want = (a.double() @ b.double()).float()
+    c = poisoned(want).to(device)
+    KERNELS.kloop[(1,)](a.to(device), b.to(device), c, k, **meta)
     assert torch.equal(c.cpu(), want)
 
 
