@@ -234,9 +234,10 @@ def test_fp8_sums_in_f32_where_asked(device, fold):
     """`acc += dot(x, y)` on fp8 blocks adds each K step's product in f32 registers (Hopper's tensor cores keep a
     running fp8 sum at reduced precision); `dot(x, y, acc)` accumulates on the tensor cores. The fold of one into the
     other (passes/fold.py) leaves fp8 dots alone: one add per K step stays in the kernel. Both match the exact product
-    (integers: every partial sum is exact), on the interpreter and the GPU."""
+    (integers up to 2 in magnitude: every partial sum is under 2^11, exact even in the tensor cores' narrower running
+    sum), on the interpreter and the GPU."""
     m, n, k = 64, 64, 512
-    a, b = to_fp8(torch.randint(-8, 9, (m, k)), "f8e4m3"), to_fp8(torch.randint(-8, 9, (n, k)), "f8e4m3").t()
+    a, b = to_fp8(torch.randint(-2, 3, (m, k)), "f8e4m3"), to_fp8(torch.randint(-2, 3, (n, k)), "f8e4m3").t()
     args = (a, b, torch.empty(m, n), k)
     meta = dict(FOLD=fold, BM=m, BN=n, BK=128, num_warps=4)
     body = KERNELS.kloop.output(args, meta, "ir", "sm_90a").kernel
