@@ -401,9 +401,12 @@ def _rows(x: Tensor) -> Tensor:
     return x.reshape(-1, n) if x.is_contiguous() else x.contiguous().reshape(-1, n)
 
 
-def _float(x: Tensor, what: str) -> None:
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise NkError(f"{what} takes f32, f16 or bf16 tensors, got {x.dtype}")
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _float(x: Tensor, what: str, fp8: bool = False) -> None:
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) + (FP8 if fp8 else ()):
+        raise NkError(f"{what} takes f32, f16{', bf16 or fp8' if fp8 else ' or bf16'} tensors, got {x.dtype}")
 
 
 def _configure(op: str, x2: Tensor, out_stride: int) -> tuple[Plan, dict]:
@@ -854,12 +857,10 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, o
             key=None) -> Tensor:
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise NkError(f"matmul takes [M, K] @ [K, N], got {list(a.shape)} @ {list(b.shape)}")
-    fp8 = a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-    if not fp8 and a.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise NkError(f"matmul takes f32, f16, bf16 or fp8 tensors, got {a.dtype}")
+    _float(a, "matmul", fp8=True)
     if b.dtype != a.dtype:
         raise NkError(f"matmul operands must share a dtype, got {a.dtype} and {b.dtype}")
-    out_dtype = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
+    out_dtype = out_dtype or (torch.bfloat16 if a.dtype in FP8 else a.dtype)
     if out_dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise NkError(f"matmul's out_dtype is f32, f16 or bf16, got {out_dtype}")
     (m, k), n = a.shape, b.shape[1]
