@@ -1,7 +1,7 @@
 """Matmul: newt (newtc.ops.matmul, stdlib/matmul.nk; and its descriptor kernel matmul_tma, TMA copies on sm_90a) vs
 Triton (its tutorial kernel, autotuned over the tutorial's configurations) vs cuBLAS (torch.matmul), f16 and bf16,
 TFLOP/s. fp8 (e4m3, A row-major and B column-major as torch._scaled_mm takes them, the product in bf16): cuBLAS is
-torch._scaled_mm with unit scales and fast accumulation (wgmma's own f32 sums, as newt's and Triton's), Triton its
+torch._scaled_mm with unit scales (newt's too) and fast accumulation (wgmma's own f32 sums, as newt's and Triton's), Triton its
 tutorial's fp8 configurations.
 
     python bench/bench_matmul.py [--quick] [--sweep] [--shapes]
@@ -121,6 +121,16 @@ def cublas(a, b):
     return torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16, use_fast_accum=True)
 
 
+def newt(a, b):
+    """ops.matmul; fp8 with unit scales, as cuBLAS takes them (the epilogue multiplies by them)."""
+    import torch
+    from newtc import ops
+    if a.element_size() > 1:
+        return ops.matmul(a, b)
+    one = torch.ones((), device=a.device)
+    return ops.matmul(a, b, scale_a=one, scale_b=one)
+
+
 def tflops(m, n, k, ms) -> float | str:
     return 2 * m * n * k / ms / 1e9 if isinstance(ms, float) else ms
 
@@ -150,12 +160,10 @@ def run(quick: bool, sweep: bool = False, shapes: bool = False):
 
 def products(title: str, cases: list, tmm, quick: bool) -> Table:
     """newt (ops.matmul, and the descriptor kernel), Triton and cuBLAS on each (dtype, (m, n, k)), interleaved."""
-    import torch
-    from newtc import ops
     rows = []
     for dtype, (m, n, k) in cases:
         a, b = operands(dtype, m, n, k)
-        fns = {"newt": lambda: ops.matmul(a, b), "cuBLAS": lambda: cublas(a, b)}
+        fns = {"newt": lambda: newt(a, b), "cuBLAS": lambda: cublas(a, b)}
         if dtype.itemsize > 1:  # (matmul_tma reads row-major B)
             fns["TMA"] = lambda: tma_matmul(a, b)
         if dtype in tmm:

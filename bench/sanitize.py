@@ -45,8 +45,8 @@ def main() -> None:
                                               WS=True, CTAS=2, num_warps=8, num_stages=3, num_ctas=2)
     m, n, k = 300, 264, 136  # stream-K: 9 tiles' K steps over 6 programs, parts through memory and flags
     a, b, c = torch.randn(m, k, device=d).half(), torch.randn(k, n, device=d).half(), torch.empty(m, n, device=d).half()
-    ops._stdlib("matmul").matmul_sk[(6,)](a, b, c, c, torch.empty(6 * 128 * 128, device=d),
-                                          torch.zeros(6, device=d, dtype=torch.int32), m, n, k, k, 1, n, 1, n, 1, 9,
+    ops._stdlib("matmul").matmul_sk[(6,)](a, b, c, c, c, c, torch.empty(6 * 128 * 128, device=d),
+                                          torch.zeros(6, device=d, dtype=torch.int32), m, n, k, k, 1, n, 1, n, 1, 0, 0, 9,
                                           BM=128, BN=128, BK=32, GROUP_M=8, num_warps=8, num_stages=3)
     assert torch.allclose(c.float(), a.float() @ b.float(), atol=0.1, rtol=0.02)
     a, b = torch.randn(90, 100, device=d).half().t(), torch.randn(90, 70, device=d).half()

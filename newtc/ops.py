@@ -814,16 +814,20 @@ def _tma_ready(t: Tensor) -> bool:
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None,
-           out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """a @ b (+ bias over the columns, then relu or gelu) for 2-D f16, bf16 or f32 tensors (f32 runs as tf32), or fp8
-    (float8_e4m3fn, float8_e5m2; unscaled); any strides, so transposed views need no copy. The product is in
-    `out_dtype` (f16, bf16 or f32): by default a's dtype, bf16 for fp8. On sm_90a fp8 runs at its own rate where both
-    tiles hold K contiguous (a row-major, b column-major: b = bt.t(), as torch._scaled_mm takes it); else as f16."""
+           out_dtype: torch.dtype | None = None, scale_a: torch.Tensor | None = None,
+           scale_b: torch.Tensor | None = None) -> torch.Tensor:
+    """(a @ b) * scale_a * scale_b + bias over the columns, then relu or gelu, for 2-D f16, bf16 or f32 tensors (f32
+    runs as tf32), or fp8 (float8_e4m3fn, float8_e5m2); any strides, so transposed views need no copy. The product
+    is in `out_dtype` (f16, bf16 or f32): by default a's dtype, bf16 for fp8. The scales, both or neither, are f32
+    tensors as torch._scaled_mm takes them: one value each, or one per row of a ([M] or [M, 1]) and per column of b
+    ([N] or [1, N]). On sm_90a fp8 runs at its own rate where both tiles hold K contiguous (a row-major, b
+    column-major: b = bt.t(), as torch._scaled_mm takes it); else as f16."""
     key = ("matmul", a.shape, a.stride(), a.dtype, b.shape, b.stride(), b.dtype, a.get_device(), activation,
-           None if bias is None else (bias.shape, bias.stride(), bias.dtype), out_dtype)
+           *((t.shape, t.stride(), t.dtype) if t is not None else None for t in (bias, scale_a, scale_b)), out_dtype)
     bound = _fast.get(key)
-    if bound is None or (out := bound(a, b) if bias is None else bound(a, b, bias)) is None:
-        out = _matmul(a, b, bias, activation, out_dtype, key)
+    inputs = tuple(t for t in (a, b, bias, scale_a, scale_b) if t is not None)
+    if bound is None or (out := bound(*inputs)) is None:
+        out = _matmul(a, b, bias, activation, out_dtype, scale_a, scale_b, key)
     return out
 
 
@@ -853,8 +857,15 @@ def _mma_bytes(a: Tensor, b: Tensor, arch: str) -> int:
     return 1 if arch == "sm_90a" and a.stride(1) == 1 and b.stride(0) == 1 else 4
 
 
+def _scale_stride(s: Tensor, n: int, what: str) -> int:
+    """The stride between a scale's values: 0 for one value (it scales everything), else its one dim's of n."""
+    if s.dtype != torch.float32 or s.numel() not in (1, n) or len([x for x in s.shape if x > 1]) > 1:
+        raise NkError(f"matmul's {what} is f32 with one value or {n}, got {s.dtype} of shape {list(s.shape)}")
+    return 0 if s.numel() == 1 else next(st for size, st in zip(s.shape, s.stride()) if size > 1)
+
+
 def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, out_dtype: torch.dtype | None,
-            key=None) -> Tensor:
+            scale_a: Tensor | None = None, scale_b: Tensor | None = None, key=None) -> Tensor:
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise NkError(f"matmul takes [M, K] @ [K, N], got {list(a.shape)} @ {list(b.shape)}")
     _float(a, "matmul", fp8=True)
@@ -866,25 +877,31 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, o
     (m, k), n = a.shape, b.shape[1]
     if bias is not None and bias.shape != (n,):  # the kernel reads N values of it, whatever its shape
         raise NkError(f"matmul's bias has one value per column of the product, [{n}]; got {list(bias.shape)}")
+    if (scale_a is None) != (scale_b is None):
+        raise NkError("matmul takes scale_a and scale_b together", hint="pass torch.ones((), device=...) for the other")
+    scaled = scale_a is not None
+    strides = (_scale_stride(scale_a, m, "scale_a"), _scale_stride(scale_b, n, "scale_b")) if scaled else (0, 0)
     if m == 0 or n == 0:
         return torch.empty((m, n), dtype=out_dtype, device=a.device)
     sms, arch = gpu(a.get_device()).sms, _arch(a)
     meta, grid, sk = _matmul_plan(a, b, sms, arch, out_dtype.itemsize)
     meta["ACTIVATION"] = activation or "none"
+    fused = dict(meta, BIAS=bias is not None, SCALE=scaled)
     sizes, mod = (m, n, k, *a.stride(), *b.stride(), n, 1), _stdlib("matmul")
     cb = None if bias is None else bias.contiguous()
     key = key if bias is None or cb.data_ptr() == bias.data_ptr() else None
-    inputs = (a, b) if bias is None else (a, b, cb)
+    inputs = tuple(t for t in (a, b, cb, scale_a, scale_b) if t is not None)
+    out = len(inputs)  # the inputs' places in the launch: the product's, the bias's and the scales' (or any tensor)
+    ep = (_In(out), C if bias is not None else A, *((_In(out - 2), _In(out - 1)) if scaled else (A, A)))
     if sk:  # its flags start at zero: made per call, so not bound (the call path makes outputs with empty_like)
         def made(x: Tensor) -> tuple:
             return (torch.empty((m, n), dtype=out_dtype, device=x.device),
                     torch.empty(sms * meta["BM"] * meta["BN"], dtype=torch.float32, device=x.device),
                     torch.zeros(sms, dtype=torch.int32, device=x.device))
-        out = len(inputs)
-        args = (A, B, _In(out), B if bias is None else C, _In(out + 1), _In(out + 2), *sizes, sk)
-        return _run(None, [(mod.matmul_sk, (grid,), args, dict(meta, BIAS=bias is not None))], made, inputs)
-    step = (mod.matmul, (grid,), (A, B, C, *sizes), meta) if bias is None else \
-        (mod.matmul_bias, (grid,), (A, B, D, C, *sizes), meta)
+        args = (A, B, *ep, _In(out + 1), _In(out + 2), *sizes, *strides, sk)
+        return _run(None, [(mod.matmul_sk, (grid,), args, fused)], made, inputs)
+    step = (mod.matmul, (grid,), (A, B, _In(out), *sizes), meta) if bias is None and not scaled else \
+        (mod.matmul_fused, (grid,), (A, B, *ep, *sizes, *strides), fused)
     return _run(key, [step], lambda x: (torch.empty((m, n), dtype=out_dtype, device=x.device),), inputs)
 
 

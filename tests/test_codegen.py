@@ -82,11 +82,12 @@ def matmul(kernel, label, dt, m, n, k, *expect, activation="none", transposed=Fa
     each arch (the ring's depth follows the arch's shared memory); with `ws`, its persistent launch: the loop
     warp-specialized, on sm_90a the tile stored in column halves beside the ring."""
     sk = kernel == "matmul_sk"  # stream-K: its bias, parts and flags, and the tiles it deals out as K steps
-    sig = {**ptrs(dt, "a", "b", "c"), **({"bias": Ptr(dt)} if kernel != "matmul" else {}),
+    fused = kernel != "matmul"  # a bias (and scales, not taken: ops passes A for them, their strides 0)
+    sig = {**ptrs(dt, "a", "b", "c"), **({"bias": Ptr(dt), "scale_a": Ptr(dt), "scale_b": Ptr(dt)} if fused else {}),
            **({"part": Ptr(f32), "flags": Ptr(i32)} if sk else {}), **{name: i32 for name in MATMUL_INTS},
-           **({"sk_tiles": i32} if sk else {})}
+           **({"stride_sa": i32, "stride_sb": i32} if fused else {}), **({"sk_tiles": i32} if sk else {})}
     strides = dict(stride_am=1 if transposed else k, stride_ak=m if transposed else 1, stride_bk=n, stride_bn=1,
-                   stride_cm=n, stride_cn=1)
+                   stride_cm=n, stride_cn=1, **(dict(stride_sa=0, stride_sb=0) if fused else {}))
     values = dict(M=m, N=n, K=k, **strides, **({"sk_tiles": 156} if sk else {}))
     aligned = [name for name, t in sig.items() if isinstance(t, Ptr)] + [x for x, v in values.items() if v % 16 == 0]
     out = []
@@ -259,7 +260,7 @@ SPECS = [
     *matmul("matmul", "f32-tf32", f32, 1024, 1024, 1024, "HMMA", "sm_80:LDGSTS", "sm_90a:UTMALDG"),
     *matmul("matmul", "f16-512x4096", f16, 512, 4096, 1024, *TMA),  # the tiles by shape: 128x128 on 4 warps
     *matmul("matmul", "f16-512", f16, 512, 512, 512, *TMA),  # 64x64, 6 slots
-    *matmul("matmul_bias", "f16-gelu", f16, 4096, 4096, 4096, *TMA, activation="gelu"),
+    *matmul("matmul_fused", "f16-gelu", f16, 4096, 4096, 4096, *TMA, activation="gelu"),
     *matmul("matmul_sk", "f16-3072-gelu", f16, 3072, 3072, 3072, *TMA, activation="gelu",  # stream-K
             archs=("sm_90a",)),
     # a producer warpgroup, the tile stored in column halves, so that 4 slots fit beside the staging (225 KB; the

@@ -113,19 +113,39 @@ def test_fp8_matmul(device, fp8, b_major):
             check(ops.matmul(a, b, out_dtype=out_dtype), reference(a, b), out_dtype or torch.bfloat16)
 
 
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("scales", ["tensor", "rows", "rows, flat"])
+def test_fp8_matmul_scales(device, scales):
+    """torch._scaled_mm's product, (a @ b) * scale_a * scale_b (+ bias, then the activation), with one scale each or
+    one per row of a and column of b: a program a tile, persistent and stream-K (on sm_90a), with and without bias."""
+    shapes = [(70, 50, 48)] if device == "cpu" else [(1000, 1001, 1024), (1504, 5600, 264), (2000, 4100, 1024)]
+    for m, n, k in shapes:
+        a, b = torch.randn(m, k, device=device).to(FP8[0]), torch.randn(n, k, device=device).to(FP8[0]).t()
+        sa, sb = {"tensor": (torch.tensor(0.25), torch.tensor(3.0)),
+                  "rows": (torch.rand(m, 1) + 0.5, torch.rand(1, n) + 0.5),
+                  "rows, flat": (torch.rand(m) + 0.5, torch.rand(n) + 0.5)}[scales]
+        sa, sb = sa.to(device), sb.to(device)
+        scaled = reference(a, b) * sa.double().reshape(-1, 1) * sb.double().reshape(1, -1)
+        bias = torch.randn(n, device=device).bfloat16()
+        check(ops.matmul(a, b, scale_a=sa, scale_b=sb), scaled, torch.bfloat16)
+        check(ops.matmul(a, b, bias, "gelu", torch.float32, sa, sb), F.gelu(scaled + bias.double()), torch.float32)
+
+
 @pytest.mark.parametrize("arch, b_major, expect", [("sm_90a", "k", "QGMMA"), ("sm_90a", "n", "HMMA"),
                                                    ("sm_80", "k", "HMMA")])
 def test_fp8_matmul_runs_on_the_tensor_cores(arch, b_major, expect):
-    """ops.matmul's 4096^3 fp8 kernel: on sm_90a wgmma on fp8 (QGMMA) from TMA copies when B holds K contiguous
-    (wgmma transposes only 16-bit tiles), else mma.sync in f16; no spills."""
+    """ops.matmul's 4096^3 fp8 kernel with scales: on sm_90a wgmma on fp8 (QGMMA) from TMA copies when B holds K
+    contiguous (persistent, with a producer warpgroup; wgmma transposes only 16-bit tiles), else mma.sync in f16; no
+    spills."""
     m = n = k = 4096
     a = torch.empty(m, k, dtype=torch.float8_e4m3fn)
     b = torch.empty(n, k, dtype=torch.float8_e4m3fn).t() if b_major == "k" else \
         torch.empty(k, n, dtype=torch.float8_e4m3fn)
-    c = torch.empty(m, n, dtype=torch.bfloat16)
-    cfg = ops._matmul_config(m, n, k, ops._mma_bytes(a, b, arch), arch)
-    sass = ops._stdlib("matmul").matmul.sass(a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), GROUP_M=8,
-                                             arch=arch, **cfg)
+    c, sa, sb = torch.empty(m, n, dtype=torch.bfloat16), torch.empty(m), torch.empty(n)
+    meta = ops._matmul_plan(a, b, 132, arch, 2)[0]
+    assert meta.get("WS", False) == (expect == "QGMMA")
+    sass = ops._stdlib("matmul").matmul_fused.sass(a, b, c, c, sa, sb, m, n, k, *a.stride(), *b.stride(), *c.stride(),
+                                                   1, 1, arch=arch, BIAS=False, SCALE=True, **meta)
     assert expect in sass and "LDL" not in sass and "STL" not in sass
     assert ("UTMALDG" in sass) == (arch == "sm_90a")
 
@@ -174,9 +194,9 @@ def test_stream_k_epilogue(device):
     bias = torch.randn(n, device=device).half()
     if device == "cpu":  # ops plans an H200 on the CPU: 132 programs, too many for the interpreter; 5 here
         out, part = torch.empty(m, n).half(), torch.empty(5 * 32 * 32)
-        ops._stdlib("matmul").matmul_sk[(5,)](a, b, out, bias, part, torch.zeros(5, dtype=torch.int32), m, n, k,
-                                              k, 1, n, 1, n, 1, 4, BM=32, BN=32, BK=16, GROUP_M=2, ACTIVATION="gelu",
-                                              BIAS=True)
+        ops._stdlib("matmul").matmul_sk[(5,)](a, b, out, bias, a, a, part, torch.zeros(5, dtype=torch.int32), m, n,
+                                              k, k, 1, n, 1, n, 1, 0, 0, 4, BM=32, BN=32, BK=16, GROUP_M=2,
+                                              ACTIVATION="gelu", BIAS=True)
     else:
         assert ops._stream_k(16 * 17, 16, 132) == 140  # 31% idle in 3 waves
         out = ops.matmul(a, b, bias, "gelu")
@@ -192,8 +212,8 @@ def test_stream_k_runs(programs, sk_tiles, k):
     tiles, steps = -(-m // BM) * -(-n // BN), -(-k // BK)
     a, b, c = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
     flags = torch.zeros(programs, dtype=torch.int32)
-    ops._stdlib("matmul").matmul_sk[(programs,)](a, b, c, c, torch.empty(programs * BM * BN), flags, m, n, k, k, 1,
-                                                 n, 1, n, 1, sk_tiles, BM=BM, BN=BN, BK=BK, GROUP_M=2)
+    ops._stdlib("matmul").matmul_sk[(programs,)](a, b, c, c, c, c, torch.empty(programs * BM * BN), flags, m, n, k,
+                                                 k, 1, n, 1, n, 1, 0, 0, sk_tiles, BM=BM, BN=BN, BK=BK, GROUP_M=2)
     check(c, reference(a, b), torch.float32)
     units = sk_tiles * steps
     assert flags.tolist() == [int((p + 1) * units // programs % steps != 0) for p in range(programs)]
@@ -248,6 +268,11 @@ def test_matmul_rejects_bad_operands():
         ops.matmul(torch.ones(3, 4, dtype=torch.int32), torch.ones(4, 6, dtype=torch.int32))
     with pytest.raises(newtc.NkError, match="out_dtype is f32, f16 or bf16"):
         ops.matmul(torch.randn(3, 4), torch.randn(4, 6), out_dtype=torch.int32)
+    with pytest.raises(newtc.NkError, match="scale_a and scale_b together"):
+        ops.matmul(torch.randn(3, 4), torch.randn(4, 6), scale_a=torch.ones(()))
+    for sa, sb in ((torch.ones(2), torch.ones(6)), (torch.ones(3, 6), torch.ones(6)), (torch.ones(3).half(), torch.ones(6))):
+        with pytest.raises(newtc.NkError, match=r"scale_a is f32 with one value or 3"):
+            ops.matmul(torch.randn(3, 4), torch.randn(4, 6), scale_a=sa, scale_b=sb)
     for bias in (torch.randn(5), torch.randn(3, 6)):  # too short (read past its end), or a whole C
         with pytest.raises(newtc.NkError, match=r"bias has one value per column of the product, \[6\]"):
             ops.matmul(torch.randn(3, 4), torch.randn(4, 6), bias)

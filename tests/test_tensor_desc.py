@@ -459,7 +459,7 @@ def test_warp_specialized_matmul_on_every_trip_count(device, tile):
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("name", ["matmul", "matmul_bias", "matmul_tma"])
+@pytest.mark.parametrize("name", ["matmul", "matmul_fused", "matmul_tma"])
 @pytest.mark.parametrize("tile", [(128, 256, 64, 8, 4, True), (64, 64, 64, 4, 6, False)], ids=str)
 def test_clusters_share_copies_and_match_torch(device, name, tile):
     """Launched in clusters of 2 (num_ctas=2, CTAS=2), the warp-specialized stdlib kernels take tiles two rows at a
@@ -482,10 +482,10 @@ def test_clusters_share_copies_and_match_torch(device, name, tile):
                 meta["num_stages"] -= halves
             else:
                 meta["HALVES"] = halves
-            if name == "matmul_bias":
-                args = (a, b, c, bias, *args[3:])
+            if name == "matmul_fused":
+                args = (a, b, c, bias, a, a, *args[3:], 0, 0)
             kernel[(grid,)](*args, **meta)
-            ref = a.double() @ b.double() + (bias.double() if name == "matmul_bias" else 0)
+            ref = a.double() @ b.double() + (bias.double() if name == "matmul_fused" else 0)
             err = ((c.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
             assert torch.isfinite(c).all() and err < 1e-2, (m, n, k, grid, tile, err)
             past = torch.ones_like(c._base, dtype=torch.bool)
