@@ -23,9 +23,14 @@ def main() -> None:
         for dt in (torch.float16, torch.bfloat16, torch.float32):
             a, b = torch.randn(m, k, device=d, dtype=dt), torch.randn(k, n, device=d, dtype=dt)
             ops.matmul(a, b)
+    a, b = torch.randn(700, 999, device=d).half(), torch.randn(999, 1030, device=d).half()
+    ops.matmul(a, b)  # rows off 16 bytes in a large product: copied into aligned rows first (on sm_90a)
     for (m, n, k), fmt in itertools.product(((100, 70, 96), (300, 260, 272)), (torch.float8_e4m3fn, torch.float8_e5m2)):
         a, bt = torch.randn(m, k, device=d).to(fmt), torch.randn(n, k, device=d).to(fmt)  # fp8: wgmma's own on sm_90a
-        ops.matmul(a, bt.t()), ops.matmul(a, bt.t().contiguous())  # where B holds K contiguous, else as f16
+        ops.matmul(a, bt.t()), ops.matmul(a.t().contiguous().t(), bt.t().contiguous())  # others copied K-major first
+        b, c = bt.t().contiguous(), torch.empty(m, n, device=d).bfloat16()  # the kernel's own on B row-major: as f16
+        ops._stdlib("matmul").matmul[(-(-m // 64) * -(-n // 64),)](a, b, c, m, n, k, k, 1, n, 1, n, 1, BM=64, BN=64,
+                                                                   BK=64, GROUP_M=8, num_warps=4, num_stages=3)
     for m, n, k in ((100, 72, 88), (300, 264, 136)):  # the descriptor matmul: TMA copies and mbarriers on sm_90a
         a, b, c = torch.randn(m, k, device=d).half(), torch.randn(k, n, device=d).half(), torch.empty(m, n, device=d).half()
         ops._stdlib("matmul").matmul_tma[(-(-m // 64) * -(-n // 64),)](a, b, c, m, n, k, k, n, n, BM=64, BN=64, BK=32,

@@ -567,14 +567,30 @@ def _bias_gelu(x: Tensor, bias: Tensor, key=None) -> Tensor:
 def _transpose(x: Tensor, key=None) -> Tensor:
     if x.dim() != 2:
         raise NkError(f"transpose takes a 2-D tensor, got {x.dim()}-D")
-    # rows off 16-byte boundaries are copied: the analysis would take the first row's alignment for all
-    # (passes/axisinfo.py: the divisibility of rm[:, None] * x_stride), and M, N multiples of 16 prove the masks
-    if x.stride(1) != 1 or x.stride(0) % (16 // x.element_size()):
-        x, key = x.contiguous(), None
-    (m, n), bm, bn = x.shape, 32, 32
-    steps = [(_stdlib("transpose").transpose, (_cdiv(m, bm), _cdiv(n, bn)), (A, B, m, n, x.stride(0), m),
-              dict(BM=bm, BN=bn, num_warps=4))]
-    return _run(key, steps, _transposed, (x,))
+    x, key = _transposable(x, key)
+    (m, n) = x.shape
+    return _run(key, [_transpose_step(A, B, m, n, x.stride(0), m, x.element_size())], _transposed, (x,))
+
+
+def _transposable(x: Tensor, key) -> tuple[Tensor, object]:
+    """x as the transpose kernel reads it, and the key to bind the launch by (None for a copy: not the caller's tensor).
+    Rows of a view off 16-byte boundaries are copied: the analysis would take the first row's alignment for all
+    (passes/axisinfo.py: the divisibility of rm[:, None] * x_stride), and M, N multiples of 16 prove the masks."""
+    if x.stride(1) != 1 or x.stride(0) % (16 // x.element_size()) and not x.is_contiguous():
+        return x.contiguous(), None
+    return x, key
+
+
+def _transpose_step(x: _In, out: _In, m: int, n: int, x_stride: int, out_stride: int, itemsize: int,
+                    trans: bool = True) -> tuple:
+    """The launch that writes x's [m, n], transposed where `trans`, into out (rows out_stride apart)."""
+    bm = bn = TRANSPOSE_TILE[itemsize]
+    return (_stdlib("transpose").transpose, (_cdiv(m, bm), _cdiv(n, bn)), (x, out, m, n, x_stride, out_stride),
+            dict(BM=bm, BN=bn, TRANS=trans, num_warps=4))
+
+
+# element bytes -> the square tile (H200, 4 warps, 1000^2 to 8192^2: fp8 1.0-1.1x at 64, f16 1.2x at 32 against 64)
+TRANSPOSE_TILE = {4: 32, 2: 32, 1: 64}
 
 
 def _transposed(x: Tensor) -> tuple:
@@ -795,13 +811,13 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
 
 def _stream_k(tiles: int, steps: int, sms: int, arch: str = "sm_90a") -> int:
     """The tiles that go stream-K: none where the tiles' waves leave the SMs idle SK_IDLE of the time or less, or
-    the tiles are fewer than a wave, or the K loop is short (SK_STEPS), or off sm_90a (measured on an H200 only;
-    mma.sync's 128x256 tile spills in it); else those past the last full wave but one (all of them, under two
-    waves), so that each program's run is one to two tiles long (as CUTLASS's hybrid stream-K: a run of a few steps
-    would add a part through memory for little work)."""
-    if arch != "sm_90a" or tiles < sms or steps < SK_STEPS or 1 - tiles / (_cdiv(tiles, sms) * sms) <= SK_IDLE:
+    the tiles are fewer than two waves (every tile split: 333x4096x1000 ran 24 TFLOP/s so, cuBLAS 250), or the K
+    loop is short (SK_STEPS), or off sm_90a (measured on an H200 only; mma.sync's 128x256 tile spills in it); else
+    those past the last full wave but one, so that each program's run is one to two tiles long (as CUTLASS's hybrid
+    stream-K: a run of a few steps would add a part through memory for little work)."""
+    if arch != "sm_90a" or tiles < 2 * sms or steps < SK_STEPS or 1 - tiles / (_cdiv(tiles, sms) * sms) <= SK_IDLE:
         return 0
-    return tiles % sms + sms if tiles >= 2 * sms else tiles
+    return tiles % sms + sms
 
 
 def _tma_ready(t: Tensor) -> bool:
@@ -820,8 +836,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
     runs as tf32), or fp8 (float8_e4m3fn, float8_e5m2); any strides, so transposed views need no copy. The product
     is in `out_dtype` (f16, bf16 or f32): by default a's dtype, bf16 for fp8. The scales, both or neither, are f32
     tensors as torch._scaled_mm takes them: one value each, or one per row of a ([M] or [M, 1]) and per column of b
-    ([N] or [1, N]). On sm_90a fp8 runs at its own rate where both tiles hold K contiguous (a row-major, b
-    column-major: b = bt.t(), as torch._scaled_mm takes it); else as f16."""
+    ([N] or [1, N]). On sm_90a fp8 runs at its own rate, which reads both tiles K-contiguous (a row-major, b
+    column-major: b = bt.t(), as torch._scaled_mm takes it): other layouts are copied so first."""
     key = ("matmul", a.shape, a.stride(), a.dtype, b.shape, b.stride(), b.dtype, a.get_device(), activation,
            *((t.shape, t.stride(), t.dtype) if t is not None else None for t in (bias, scale_a, scale_b)), out_dtype)
     bound = _fast.get(key)
@@ -864,6 +880,31 @@ def _scale_stride(s: Tensor, n: int, what: str) -> int:
     return 0 if s.numel() == 1 else next(st for size, st in zip(s.shape, s.stride()) if size > 1)
 
 
+COPY_MIN = 2**28  # multiply-adds of a product from which an operand TMA cannot copy is copied into aligned rows first
+COPY_REUSE = 256  # ... if the product's other side is this wide at least (the copy's bytes against the product's work)
+
+
+def _copies(views: list, m: int, n: int, k: int, arch: str, key) -> tuple[list, object]:
+    """The operands ops.matmul copies before the product (sm_90a), each as (0 for a, 1 for b; the copy's source, rows
+    with a unit stride; transposed or not; the copy's shape; its strides seen as [K, outer]), and the key to bind by.
+    views: a and b as [K, M] and [K, N]. wgmma's fp8 form reads K-contiguous tiles, so fp8 operands laid out otherwise
+    are transposed (else mma.sync would take them as f16: 4096^3 with B row-major 139 TFLOP/s, Triton's 308, copied
+    1165). 16-bit or fp8 operands TMA cannot copy (rows off 16-byte boundaries) are copied into aligned rows in
+    products of COPY_MIN and more (H200, with copies made ahead: 4097^3 f16 127 -> 466 TFLOP/s, fp8 80 -> 443;
+    1001^3 f16 34 -> 126; fp8 1000^3 23 -> 152): rows along K for fp8, else as the operand's."""
+    out = []
+    for i, v in enumerate(views):
+        kmajor, fp8, item = v.stride(0) == 1, v.dtype in FP8, v.element_size()
+        if arch != "sm_90a" or not k or not (fp8 and not kmajor or item <= 2 and m * n * k >= COPY_MIN and
+                                             (n, m)[i] >= COPY_REUSE and not _tma_ready(v.t() if i == 0 else v)):
+            continue
+        rows_k, e = fp8 or v.stride(1) != 1, max(8, 16 // item)
+        src, key = _transposable(v.t() if rows_k and kmajor else v, key)
+        w = _cdiv(k if rows_k else v.shape[1], e) * e
+        out.append((i, src, rows_k and not kmajor, (v.shape[1], w) if rows_k else (k, w), (1, w) if rows_k else (w, 1)))
+    return out, key
+
+
 def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, out_dtype: torch.dtype | None,
             scale_a: Tensor | None = None, scale_b: Tensor | None = None, key=None) -> Tensor:
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
@@ -884,25 +925,40 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, o
     if m == 0 or n == 0:
         return torch.empty((m, n), dtype=out_dtype, device=a.device)
     sms, arch = gpu(a.get_device()).sms, _arch(a)
-    meta, grid, sk = _matmul_plan(a, b, sms, arch, out_dtype.itemsize)
+    views = [a.t(), b]  # a and b as [K, M] and [K, N]
+    copies, key = _copies(views, m, n, k, arch, key)
+    for i, src, _, shape, st in copies:  # as the product reads them: a copy seen as [K, outer] (meta: strides count)
+        views[i] = torch.empty_strided(views[i].shape, st, dtype=a.dtype, device="meta")
+    ka, kb = views
+    meta, grid, sk = _matmul_plan(ka.t(), kb, sms, arch, out_dtype.itemsize)
     meta["ACTIVATION"] = activation or "none"
     fused = dict(meta, BIAS=bias is not None, SCALE=scaled)
-    sizes, mod = (m, n, k, *a.stride(), *b.stride(), n, 1), _stdlib("matmul")
+    sizes, mod = (m, n, k, *ka.t().stride(), *kb.stride(), n, 1), _stdlib("matmul")
     cb = None if bias is None else bias.contiguous()
     key = key if bias is None or cb.data_ptr() == bias.data_ptr() else None
-    inputs = tuple(t for t in (a, b, cb, scale_a, scale_b) if t is not None)
+    operands = [a, b]
+    for i, src, *_ in copies:  # what the copy reads (only the data pointer counts)
+        operands[i] = src
+    inputs = tuple(t for t in (*operands, cb, scale_a, scale_b) if t is not None)
     out = len(inputs)  # the inputs' places in the launch: the product's, the bias's and the scales' (or any tensor)
     ep = (_In(out), C if bias is not None else A, *((_In(out - 2), _In(out - 1)) if scaled else (A, A)))
+    copy = out + (3 if sk else 1)  # the copies' places: after the product (and stream-K's parts and flags)
+    at = {i: _In(copy + j) for j, (i, *_) in enumerate(copies)}
+    x, y = at.get(0, A), at.get(1, B)
+    steps = [_transpose_step(_In(i), _In(copy + j), *src.shape, src.stride(0), shape[1], a.element_size(), trans)
+             for j, (i, src, trans, shape, _) in enumerate(copies)]
+
+    def made(t: Tensor) -> tuple:
+        return (torch.empty((m, n), dtype=out_dtype, device=t.device),
+                *((torch.empty(sms * meta["BM"] * meta["BN"], dtype=torch.float32, device=t.device),
+                   torch.zeros(sms, dtype=torch.int32, device=t.device)) if sk else ()),
+                *(torch.empty(shape, dtype=a.dtype, device=t.device) for _, _, _, shape, _ in copies))
     if sk:  # its flags start at zero: made per call, so not bound (the call path makes outputs with empty_like)
-        def made(x: Tensor) -> tuple:
-            return (torch.empty((m, n), dtype=out_dtype, device=x.device),
-                    torch.empty(sms * meta["BM"] * meta["BN"], dtype=torch.float32, device=x.device),
-                    torch.zeros(sms, dtype=torch.int32, device=x.device))
-        args = (A, B, *ep, _In(out + 1), _In(out + 2), *sizes, *strides, sk)
-        return _run(None, [(mod.matmul_sk, (grid,), args, fused)], made, inputs)
-    step = (mod.matmul, (grid,), (A, B, _In(out), *sizes), meta) if bias is None and not scaled else \
-        (mod.matmul_fused, (grid,), (A, B, *ep, *sizes, *strides), fused)
-    return _run(key, [step], lambda x: (torch.empty((m, n), dtype=out_dtype, device=x.device),), inputs)
+        args = (x, y, *ep, _In(out + 1), _In(out + 2), *sizes, *strides, sk)
+        return _run(None, steps + [(mod.matmul_sk, (grid,), args, fused)], made, inputs)
+    step = (mod.matmul, (grid,), (x, y, _In(out), *sizes), meta) if bias is None and not scaled else \
+        (mod.matmul_fused, (grid,), (x, y, *ep, *sizes, *strides), fused)
+    return _run(key, steps + [step], made, inputs)
 
 
 # ---- attention ----------------------------------------------------------------------------------------

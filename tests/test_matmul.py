@@ -131,12 +131,11 @@ def test_fp8_matmul_scales(device, scales):
         check(ops.matmul(a, b, bias, "gelu", torch.float32, sa, sb), F.gelu(scaled + bias.double()), torch.float32)
 
 
-@pytest.mark.parametrize("arch, b_major, expect", [("sm_90a", "k", "QGMMA"), ("sm_90a", "n", "HMMA"),
-                                                   ("sm_80", "k", "HMMA")])
+@pytest.mark.parametrize("arch, b_major, expect", [("sm_90a", "k", "QGMMA"), ("sm_80", "k", "HMMA"),
+                                                   ("sm_80", "n", "HMMA")])
 def test_fp8_matmul_runs_on_the_tensor_cores(arch, b_major, expect):
-    """ops.matmul's 4096^3 fp8 kernel with scales: on sm_90a wgmma on fp8 (QGMMA) from TMA copies when B holds K
-    contiguous (persistent, with a producer warpgroup; wgmma transposes only 16-bit tiles), else mma.sync in f16; no
-    spills."""
+    """ops.matmul's 4096^3 fp8 kernel with scales: on sm_90a wgmma on fp8 (QGMMA) from TMA copies (persistent, with
+    a producer warpgroup; ops copies a B that is not K-contiguous first); on sm_80 mma.sync in f16; no spills."""
     m = n = k = 4096
     a = torch.empty(m, k, dtype=torch.float8_e4m3fn)
     b = torch.empty(n, k, dtype=torch.float8_e4m3fn).t() if b_major == "k" else \
@@ -148,6 +147,59 @@ def test_fp8_matmul_runs_on_the_tensor_cores(arch, b_major, expect):
                                                    1, 1, arch=arch, BIAS=False, SCALE=True, **meta)
     assert expect in sass and "LDL" not in sass and "STL" not in sass
     assert ("UTMALDG" in sass) == (arch == "sm_90a")
+
+
+@pytest.mark.parametrize("device", devices())
+def test_fp8_operands_are_copied_k_contiguous_on_hopper(device, monkeypatch):
+    """wgmma's fp8 form reads K-contiguous tiles: on sm_90a (the interpreter plans for it) an A column-major, a B
+    row-major or strided both ways is first transposed into a copy whose rows are 16-byte aligned, and the product
+    is planned on the copies; with bias and scales, a program a tile and stream-K."""
+    planned, plan = [], ops._matmul_plan
+    monkeypatch.setattr(ops, "_matmul_plan", lambda a, b, *rest: planned.append((a.stride(), b.stride())) or
+                        plan(a, b, *rest))
+    if device != "cpu" and ops._arch(torch.empty(0, device=device)) != "sm_90a":
+        pytest.skip("the copies are for wgmma's fp8 form")
+    shapes = [(70, 50, 40)] if device == "cpu" else [(1000, 1001, 1024), (2000, 4100, 1024), (4096, 4096, 256)]
+    for m, n, k in shapes:  # (K-contiguous rows of 1024 and 256 bytes: TMA copies them as they are)
+        kp = -(-k // 16) * 16
+        for a_major, b_major in (("m", "n"), ("k", "n"), ("m", "k"), ("k", "strided")):
+            a = torch.randn(k, m, device=device).to(FP8[0]).t() if a_major == "m" else \
+                torch.randn(m, k, device=device).to(FP8[0])
+            b = {"n": lambda: torch.randn(k, n, device=device).to(FP8[0]),
+                 "k": lambda: torch.randn(n, k, device=device).to(FP8[0]).t(),
+                 "strided": lambda: torch.randn(k, 2 * n, device=device).to(FP8[0])[:, ::2]}[b_major]()
+            sa, sb = torch.rand(m, 1, device=device) + 0.5, torch.tensor(2.0, device=device)
+            bias = torch.randn(n, device=device).bfloat16()
+            want = reference(a, b) * sa.double() * 2 + bias.double()
+            check(ops.matmul(a, b, bias, scale_a=sa, scale_b=sb), want, torch.bfloat16)
+            assert planned[-1] == ((a.stride() if a_major == "k" else (kp, 1)), b.stride() if b_major == "k" else (1, kp))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_operands_off_16_byte_rows_are_copied_aligned_on_hopper(device, monkeypatch):
+    """On sm_90a the operands of a large product whose rows TMA cannot copy (off 16-byte boundaries) are first copied
+    into aligned rows, laid out as they are (A row-major, B row-major or column-major; fp8 along K), and the product
+    is planned on the copies (on the CPU, the size limits lowered); a small product reads them as they are."""
+    small = torch.randn(100, 101, device=device).half()
+    assert ops._copies([small.t(), small.t()], 100, 100, 101, "sm_90a", None)[0] == []
+    planned, plan = [], ops._matmul_plan
+    monkeypatch.setattr(ops, "_matmul_plan", lambda a, b, *rest: planned.append((a.stride(), b.stride())) or
+                        plan(a, b, *rest))
+    if device == "cpu":
+        monkeypatch.setattr(ops, "COPY_MIN", 1)
+        monkeypatch.setattr(ops, "COPY_REUSE", 1)
+    elif ops._arch(torch.empty(0, device=device)) != "sm_90a":
+        pytest.skip("the copies are for TMA")
+    up = lambda x, e: -(-x // e) * e  # noqa: E731
+    for m, n, k in [(33, 41, 27)] if device == "cpu" else [(1001, 1001, 1001), (700, 2050, 999)]:
+        for dtype, b_major in ((torch.float16, "n"), (torch.bfloat16, "k"), (FP8[0], "k")):
+            a = torch.randn(m, k, device=device).to(dtype)
+            b = torch.randn(k, n, device=device).to(dtype) if b_major == "n" else \
+                torch.randn(n, k, device=device).to(dtype).t()
+            e = 16 // a.element_size()
+            want = reference(a, b)
+            check(ops.matmul(a, b, out_dtype=torch.float32), want, torch.float32)
+            assert planned[-1] == ((up(k, e), 1), (up(n, e), 1) if b_major == "n" else (1, up(k, e)))
 
 
 @pytest.mark.parametrize("device", devices())
@@ -221,9 +273,9 @@ def test_stream_k_runs(programs, sk_tiles, k):
 
 def test_stream_k_where_the_last_wave_is_part_empty():
     """Where whole tiles would leave the SMs idle more than SK_IDLE of the time, the tiles past whole waves go stream-K
-    (the last full wave's too, so that a run is a tile or two long), all of them under two waves; none where the
-    waves are nearly full (512 tiles: 4096^3), under one wave, or with a short K loop. 3072^3 keeps 128x256 tiles."""
-    assert [ops._stream_k(t, 64, 132) for t in (288, 561, 200, 512, 2048, 264, 131)] == [156, 165, 200, 0, 0, 0, 0]
+    (the last full wave's too, so that a run is a tile or two long); none where the waves are nearly full (512 tiles:
+    4096^3), under two waves, or with a short K loop. 3072^3 keeps 128x256 tiles."""
+    assert [ops._stream_k(t, 64, 132) for t in (288, 561, 200, 512, 2048, 264, 131)] == [156, 165, 0, 0, 0, 0, 0]
     assert ops._stream_k(288, 4, 132) == 0
     for size in (4096, 3072):
         cfg = ops._matmul_config(size, size, size, 2, "sm_90a", 132)
