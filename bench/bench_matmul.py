@@ -4,10 +4,13 @@ TFLOP/s. fp8 (e4m3, A row-major and B column-major as torch._scaled_mm takes the
 torch._scaled_mm with unit scales (newt's too) and fast accumulation (wgmma's own f32 sums, as newt's and Triton's), Triton its
 tutorial's fp8 configurations.
 
-    python bench/bench_matmul.py [--quick] [--sweep] [--shapes]
+    python bench/bench_matmul.py [--quick] [--sweep] [--shapes] [--random N]
 
 --shapes times ops.matmul, Triton and cuBLAS on shapes off the bench (OFF_BENCH: small, ragged, skinny, long K, rows
 not 16-byte aligned), f16 (and every third in bf16): where _matmul_config's choice of tile must hold up.
+--random N times them on N shapes drawn at random (seeded: the same N shapes each run; f16, bf16 and fp8 in turn),
+each side log-uniform from 1 (M) or 16 (N, K) to 16384, at most 2^36 multiply-adds: cliffs no list foresaw (only
+that table).
 --sweep also times newt's kernel over a grid of tile configurations on 4096^3 and, without --quick, on the LLM shape
 16384x4096x4096 (to tune ops._matmul_config):
 warp-specialized (ws) or not, a program per tile or persistent (a program per SM walking the tiles), in clusters that
@@ -28,7 +31,19 @@ OFF_BENCH = [(256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 
              (1000, 1000, 1000), (1001, 1001, 1001), (4097, 4097, 4097), (333, 4096, 1000), (1, 4096, 4096),
              (64, 4096, 4096), (128, 11008, 4096), (512, 4096, 11008), (2048, 14336, 4096), (4096, 1024, 4096),
              (8192, 128, 8192), (128, 8192, 8192), (512, 512, 16384), (4096, 4096, 64), (16384, 5120, 5120),
-             (4096, 4096, 4104), (4104, 4104, 4096)]
+             (4096, 4096, 4104), (4104, 4104, 4096), (2000, 4100, 1024)]
+
+
+def random_shapes(count: int, seed: int = 0) -> list:
+    """count (M, N, K), each side log-uniform from 1 or 16 to 16384, redrawn while the product is over 2^36."""
+    import math
+    import random
+    rng, out = random.Random(seed), []
+    while len(out) < count:
+        m, n, k = (round(math.exp(rng.uniform(math.log(lo), math.log(16384)))) for lo in (1, 16, 16))
+        if m * n * k <= 2**36:
+            out.append((m, n, k))
+    return out
 
 
 def triton_matmul(fp8: bool = False):
@@ -141,15 +156,19 @@ def close(ref):
     return lambda out: check_close(out.float(), ref, rtol=2e-2, atol=atol)
 
 
-def run(quick: bool, sweep: bool = False, shapes: bool = False):
+def run(quick: bool, sweep: bool = False, shapes: bool = False, random: int = 0):
     import torch
     try:
         tmm = {torch.float16: triton_matmul(), torch.float8_e4m3fn: triton_matmul(fp8=True)}
         tmm[torch.bfloat16] = tmm[torch.float16]
     except ImportError:
         tmm = {}
-    cases = [(dtype, shape) for dtype in (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
-             for shape in (SHAPES[:2] if quick else SHAPES)]
+    dtypes = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
+    if random:
+        cases = [(dtypes[i % 3], s) for i, s in enumerate(random_shapes(random))]
+        yield products("matmul on random shapes (TFLOP/s)", cases, tmm, quick)
+        return
+    cases = [(dtype, shape) for dtype in dtypes for shape in (SHAPES[:2] if quick else SHAPES)]
     yield products("matmul (TFLOP/s; ratios are speed: above 1, newt is faster)", cases, tmm, quick)
     if shapes:
         cases = [(torch.float16, s) for s in OFF_BENCH] + [(torch.bfloat16, s) for s in OFF_BENCH[::3]]
@@ -237,10 +256,11 @@ if __name__ == "__main__":
     p.add_argument("--quick", action="store_true")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--shapes", action="store_true")
+    p.add_argument("--random", type=int, default=0, metavar="N")
     args = p.parse_args()
     if not common.cuda_available():
         print("no CUDA GPU: nothing to benchmark")
         sys.exit(0)
-    for t in run(args.quick, args.sweep, args.shapes):
+    for t in run(args.quick, args.sweep, args.shapes, args.random):
         print(t.markdown() + "\n")
         common.write(f"matmul_{t.title.split()[0]}.md", t.markdown())

@@ -3,11 +3,11 @@
     compute-sanitizer --tool memcheck python bench/sanitize.py
     compute-sanitizer --tool racecheck python bench/sanitize.py
 
-Pipelined matmuls (cp.async rings, ldmatrix), a transposed operand, the epilogue, reductions across warps,
-row kernels, the transpose, an atomic histogram; TMA copies into an mbarrier ring, a warp-specialized one, and one in
-clusters; stream-K's parts and flags; attention forward and backward; scans, a sort and a histogram across warps; a
-spin lock on a scalar atomic in a `while` loop; block pointers; fp8 conversions and products. Without a GPU it
-runs the same kernels through the interpreter (a check that the script itself is right)."""
+Pipelined matmuls (cp.async rings, ldmatrix), a transposed operand, the epilogue, reductions across warps, row
+kernels, the transpose, an atomic histogram; TMA copies into an mbarrier ring, a warp-specialized one, and one in
+clusters; stream-K's parts and flags; split-K's atomic sums; attention forward and backward; scans, a sort and a
+histogram across warps; a spin lock on a scalar atomic in a `while` loop; block pointers; fp8 conversions and
+products. Without a GPU it runs the same kernels through the interpreter (a check that the script itself is right)."""
 import itertools
 
 import torch
@@ -54,6 +54,12 @@ def main() -> None:
                                           torch.zeros(6, device=d, dtype=torch.int32), m, n, k, k, 1, n, 1, n, 1, 0, 0, 9,
                                           BM=128, BN=128, BK=32, GROUP_M=8, num_warps=8, num_stages=3)
     assert torch.allclose(c.float(), a.float() @ b.float(), atol=0.1, rtol=0.02)
+    m, n, k = 300, 260, 2048  # split-K: 6 tiles' K steps over 4 programs each, summed by atomics, the last one stores
+    a, b, c = torch.randn(m, k, device=d).half(), torch.randn(k, n, device=d).half(), torch.empty(m, n, device=d).half()
+    ops._stdlib("matmul").matmul_split[(24,)](a, b, c, c, c, c, torch.zeros(6 * 128 * 256 + 6, device=d), m, n, k, k,
+                                              1, n, 1, n, 1, 0, 0, 4, BM=128, BN=256, BK=64, GROUP_M=8, num_warps=8,
+                                              num_stages=4)
+    assert torch.allclose(c.float(), a.float() @ b.float(), atol=0.2, rtol=0.02)
     a, b = torch.randn(90, 100, device=d).half().t(), torch.randn(90, 70, device=d).half()
     ops.matmul(a, b, torch.randn(70, device=d).half(), "gelu")
     x = torch.randn(33, 3000, device=d)

@@ -335,17 +335,17 @@ def _bind(kernel, args: tuple, meta: dict, device: int):
         driver.set_context(previous)
 
 
-def _bound(steps, values: tuple, n_inputs: int, n_scalars: int, device: int):
+def _bound(steps, values: tuple, n_inputs: int, n_scalars: int, device: int, zeroed: tuple = ()):
     """The op's launches bound for one key, as straight-line Python made for them (as jit makes its launch path):
     call(*inputs, *scalars) reads the inputs' data pointers (None if one is not 16-byte aligned or on another device:
     the caller takes the general path, which says so), makes the outputs and launches each step with its constants in
     place; it returns the first output. An output is made as torch.empty_like of a one-element tensor of its dtype
-    expanded to its shape (contiguous, and the cheapest allocation from Python)."""
+    expanded to its shape (contiguous, and the cheapest allocation from Python); those in `zeroed` as zeros_like."""
     names = [f"a{i}" for i in range(n_inputs)] + [f"s{i}" for i in range(n_scalars)]
     made = values[n_inputs + n_scalars:]
     outputs = [f"o{i}" for i in range(len(made))]
     value = [f"p{i}" for i in range(n_inputs)] + names[n_inputs:] + [f"q{i}" for i in range(len(made))]
-    scope = {"empty_like": torch.empty_like, "raw_stream": _raw_stream, "device": device}
+    scope = {"empty_like": torch.empty_like, "zeros_like": torch.zeros_like, "raw_stream": _raw_stream, "device": device}
     scope |= {f"t{i}": torch.empty(1, dtype=o.dtype, device=o.device).expand(o.shape) for i, o in enumerate(made)}
     if not all(torch.empty_like(scope[f"t{i}"]).is_contiguous() for i in range(len(made))):
         return None
@@ -354,7 +354,7 @@ def _bound(steps, values: tuple, n_inputs: int, n_scalars: int, device: int):
     lines = [f"def call({', '.join(names)}):",
              *[f"    p{i} = a{i}.data_ptr()" for i in range(n_inputs)],
              f"    if {' or '.join(general)}:", "        return None",
-             *[f"    o{i} = empty_like(t{i})" for i in range(len(made))],
+             *[f"    o{i} = {'zeros_like' if i in zeroed else 'empty_like'}(t{i})" for i in range(len(made))],
              *[f"    q{i} = o{i}.data_ptr()" for i in range(len(made))],
              "    stream = raw_stream(device)"]
     for k, (kernel, grid, args, meta) in enumerate(steps):
@@ -368,16 +368,16 @@ def _bound(steps, values: tuple, n_inputs: int, n_scalars: int, device: int):
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU builds, which never bind
 
 
-def _run(key, steps, alloc, inputs: tuple, scalars: tuple = (), x: Tensor | None = None) -> Tensor:
+def _run(key, steps, alloc, inputs: tuple, scalars: tuple = (), x: Tensor | None = None, zeroed: tuple = ()) -> Tensor:
     """The general path: launch the steps on the inputs and the outputs that alloc(x) makes (x: the caller's
-    first input, before any reshape), then, on the GPU and with `key` (None: the inputs are copies, not the
-    caller's tensors), bind them."""
+    first input, before any reshape; it makes those at the indices in `zeroed` as zeros), then, on the GPU and with
+    `key` (None: the inputs are copies, not the caller's tensors), bind them."""
     outputs = alloc(inputs[0] if x is None else x)
     values = inputs + scalars + outputs
     for kernel, grid, args, meta in steps:
         kernel[grid](*(values[a.i] if isinstance(a, _In) else a for a in args), **meta)
     if key is not None and _bindable(inputs + outputs):
-        bound = _bound(steps, values, len(inputs), len(scalars), inputs[0].get_device())
+        bound = _bound(steps, values, len(inputs), len(scalars), inputs[0].get_device(), zeroed)
         if bound is not None:
             _fast[key] = bound
     return outputs[0]
@@ -811,13 +811,22 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
 
 def _stream_k(tiles: int, steps: int, sms: int, arch: str = "sm_90a") -> int:
     """The tiles that go stream-K: none where the tiles' waves leave the SMs idle SK_IDLE of the time or less, or
-    the tiles are fewer than two waves (every tile split: 333x4096x1000 ran 24 TFLOP/s so, cuBLAS 250), or the K
+    the tiles are fewer than two waves (every tile split: 333x4096x1000 ran 81 TFLOP/s so, 180 unsplit), or the K
     loop is short (SK_STEPS), or off sm_90a (measured on an H200 only; mma.sync's 128x256 tile spills in it); else
     those past the last full wave but one, so that each program's run is one to two tiles long (as CUTLASS's hybrid
     stream-K: a run of a few steps would add a part through memory for little work)."""
     if arch != "sm_90a" or tiles < 2 * sms or steps < SK_STEPS or 1 - tiles / (_cdiv(tiles, sms) * sms) <= SK_IDLE:
         return 0
     return tiles % sms + sms
+
+
+def _splits(tiles: int, steps: int, sms: int, arch: str = "sm_90a") -> int:
+    """The programs each tile's K steps are split over (stdlib matmul_split): where the tiles fill a quarter of the
+    SMs or less, as many as fill one wave, each share SK_STEPS steps or more; none off sm_90a (measured on an H200
+    only). The shares' atomic sums cost more than the programs gain where the tiles fill more (H200, f16: 25 tiles of
+    300x260x8192 split in 5 1.18x, 32 of 16x1024x16384 in 4 1.76x; 64 of 64x2048x8192 in 2 0.97x; tiles made bigger
+    to be split over the SMs that smaller ones would fill, at 333x4096x1000 to 512x512x16384, 0.2-0.66x)."""
+    return max(1, min(sms // tiles, steps // SK_STEPS)) if arch == "sm_90a" and 4 * tiles <= sms else 1
 
 
 def _tma_ready(t: Tensor) -> bool:
@@ -847,9 +856,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
     return out
 
 
-def _matmul_plan(a: Tensor, b: Tensor, sms: int, arch: str, out: int) -> tuple[dict, int, int]:
-    """The constexprs, the grid and the stream-K tiles of a @ b: a program per tile; stream-K where whole tiles
-    leave the SMs idle (`_stream_k`); else, with more tiles than SMs on sm_90a and TMA copies of 16-bit A and B (or fp8
+def _matmul_plan(a: Tensor, b: Tensor, sms: int, arch: str, out: int) -> tuple[dict, int, int, int]:
+    """The constexprs, the grid, the stream-K tiles and the K splits of a @ b: a program per tile; each tile's K steps
+    split over programs where the tiles are too few for the SMs (`_splits`); stream-K where whole tiles leave the SMs
+    idle (`_stream_k`); else, with more tiles than SMs on sm_90a and TMA copies of 16-bit A and B (or fp8
     ones wgmma takes as they are), a program per SM walking the tiles, with a producer warpgroup that loads the next
     tile's K steps while the consumers store this one (H200, f16 and bf16, 4096^3, 8192^3, 2048x14336x4096,
     16384x4096x4096: 1.00-1.03x a program a tile; 4096x4096x512 1.09x; fp8 4096^3 and 8192^3 1.06x). tf32's B is not
@@ -857,11 +867,11 @@ def _matmul_plan(a: Tensor, b: Tensor, sms: int, arch: str, out: int) -> tuple[d
     (m, k), n = a.shape, b.shape[1]
     item = _mma_bytes(a, b, arch)
     cfg = _matmul_config(m, n, k, item, arch, sms)
-    tiles = _cdiv(m, cfg["BM"]) * _cdiv(n, cfg["BN"])
-    sk = _stream_k(tiles, _cdiv(k, cfg["BK"]), sms, arch) if m > 64 else 0
+    tiles, steps = _cdiv(m, cfg["BM"]) * _cdiv(n, cfg["BN"]), _cdiv(k, cfg["BK"])
+    sk, splits = _stream_k(tiles, steps, sms, arch) if m > 64 else 0, _splits(tiles, steps, sms, arch)
     if sk or tiles <= sms or m <= 64 or arch != "sm_90a" or item > 2 or not (_tma_ready(a) and _tma_ready(b)):
-        return dict(GROUP_M=8, **cfg), sms if sk else tiles, sk
-    return dict(GROUP_M=8, WS=True, HALVES=True, **_matmul_config(m, n, k, item, arch, sms, ws=out)), sms, 0
+        return dict(GROUP_M=8, **cfg), sms if sk else tiles * splits, sk, splits
+    return dict(GROUP_M=8, WS=True, HALVES=True, **_matmul_config(m, n, k, item, arch, sms, ws=out)), sms, 0, 1
 
 
 def _mma_bytes(a: Tensor, b: Tensor, arch: str) -> int:
@@ -930,7 +940,7 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, o
     for i, src, _, shape, st in copies:  # as the product reads them: a copy seen as [K, outer] (meta: strides count)
         views[i] = torch.empty_strided(views[i].shape, st, dtype=a.dtype, device="meta")
     ka, kb = views
-    meta, grid, sk = _matmul_plan(ka.t(), kb, sms, arch, out_dtype.itemsize)
+    meta, grid, sk, splits = _matmul_plan(ka.t(), kb, sms, arch, out_dtype.itemsize)
     meta["ACTIVATION"] = activation or "none"
     fused = dict(meta, BIAS=bias is not None, SCALE=scaled)
     sizes, mod = (m, n, k, *ka.t().stride(), *kb.stride(), n, 1), _stdlib("matmul")
@@ -942,7 +952,13 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, o
     inputs = tuple(t for t in (*operands, cb, scale_a, scale_b) if t is not None)
     out = len(inputs)  # the inputs' places in the launch: the product's, the bias's and the scales' (or any tensor)
     ep = (_In(out), C if bias is not None else A, *((_In(out - 2), _In(out - 1)) if scaled else (A, A)))
-    copy = out + (3 if sk else 1)  # the copies' places: after the product (and stream-K's parts and flags)
+    tile = meta["BM"] * meta["BN"]
+    # made after the product: stream-K's parts and flags, or the splits' f32 tiles and counts; zeros where the kernel
+    # needs them so (made per call: a buffer kept between calls would be shared by streams)
+    work = [(sms * tile, torch.float32), (sms, torch.int32)] if sk else \
+        [(grid // splits * (tile + 1), torch.float32)] if splits > 1 else []
+    zeroed = (2,) if sk else (1,) if splits > 1 else ()
+    copy = out + 1 + len(work)  # the copies' places
     at = {i: _In(copy + j) for j, (i, *_) in enumerate(copies)}
     x, y = at.get(0, A), at.get(1, B)
     steps = [_transpose_step(_In(i), _In(copy + j), *src.shape, src.stride(0), shape[1], a.element_size(), trans)
@@ -950,15 +966,18 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, o
 
     def made(t: Tensor) -> tuple:
         return (torch.empty((m, n), dtype=out_dtype, device=t.device),
-                *((torch.empty(sms * meta["BM"] * meta["BN"], dtype=torch.float32, device=t.device),
-                   torch.zeros(sms, dtype=torch.int32, device=t.device)) if sk else ()),
+                *((torch.zeros if 1 + i in zeroed else torch.empty)(size, dtype=dt, device=t.device)
+                  for i, (size, dt) in enumerate(work)),
                 *(torch.empty(shape, dtype=a.dtype, device=t.device) for _, _, _, shape, _ in copies))
-    if sk:  # its flags start at zero: made per call, so not bound (the call path makes outputs with empty_like)
-        args = (x, y, *ep, _In(out + 1), _In(out + 2), *sizes, *strides, sk)
-        return _run(None, steps + [(mod.matmul_sk, (grid,), args, fused)], made, inputs)
-    step = (mod.matmul, (grid,), (x, y, _In(out), *sizes), meta) if bias is None and not scaled else \
-        (mod.matmul_fused, (grid,), (x, y, *ep, *sizes, *strides), fused)
-    return _run(key, steps + [step], made, inputs)
+    if sk:
+        step = (mod.matmul_sk, (grid,), (x, y, *ep, _In(out + 1), _In(out + 2), *sizes, *strides, sk), fused)
+    elif splits > 1:
+        step = (mod.matmul_split, (grid,), (x, y, *ep, _In(out + 1), *sizes, *strides, splits), fused)
+    elif bias is None and not scaled:
+        step = (mod.matmul, (grid,), (x, y, _In(out), *sizes), meta)
+    else:
+        step = (mod.matmul_fused, (grid,), (x, y, *ep, *sizes, *strides), fused)
+    return _run(key, steps + [step], made, inputs, zeroed=zeroed)
 
 
 # ---- attention ----------------------------------------------------------------------------------------

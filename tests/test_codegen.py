@@ -82,19 +82,21 @@ def matmul(kernel, label, dt, m, n, k, *expect, activation="none", transposed=Fa
     each arch (the ring's depth follows the arch's shared memory); with `ws`, its persistent launch: the loop
     warp-specialized, on sm_90a the tile stored in column halves beside the ring."""
     sk = kernel == "matmul_sk"  # stream-K: its bias, parts and flags, and the tiles it deals out as K steps
+    split = kernel == "matmul_split"  # split-K: its bias, f32 sums and counts, and the programs a tile's K goes to
     fused = kernel != "matmul"  # a bias (and scales, not taken: ops passes A for them, their strides 0)
     sig = {**ptrs(dt, "a", "b", "c"), **({"bias": Ptr(dt), "scale_a": Ptr(dt), "scale_b": Ptr(dt)} if fused else {}),
-           **({"part": Ptr(f32), "flags": Ptr(i32)} if sk else {}), **{name: i32 for name in MATMUL_INTS},
-           **({"stride_sa": i32, "stride_sb": i32} if fused else {}), **({"sk_tiles": i32} if sk else {})}
+           **({"part": Ptr(f32), "flags": Ptr(i32)} if sk else {"part": Ptr(f32)} if split else {}),
+           **{name: i32 for name in MATMUL_INTS}, **({"stride_sa": i32, "stride_sb": i32} if fused else {}),
+           **({"sk_tiles": i32} if sk else {"splits": i32} if split else {})}
     strides = dict(stride_am=1 if transposed else k, stride_ak=m if transposed else 1, stride_bk=n, stride_bn=1,
                    stride_cm=n, stride_cn=1, **(dict(stride_sa=0, stride_sb=0) if fused else {}))
-    values = dict(M=m, N=n, K=k, **strides, **({"sk_tiles": 156} if sk else {}))
+    values = dict(M=m, N=n, K=k, **strides, **({"sk_tiles": 156} if sk else {"splits": 5} if split else {}))
     aligned = [name for name, t in sig.items() if isinstance(t, Ptr)] + [x for x, v in values.items() if v % 16 == 0]
     out = []
     for arch in archs:
         cfg = _matmul_config(m, n, k, dt.itemsize, arch, ws=dt.itemsize * ws)
         nw, ns = cfg.pop("num_warps"), cfg.pop("num_stages")
-        consts = {**cfg, "GROUP_M": 8, "ACTIVATION": activation, **({"BIAS": True} if sk else {"WS": ws}),
+        consts = {**cfg, "GROUP_M": 8, "ACTIVATION": activation, **({"BIAS": True} if sk or split else {"WS": ws}),
                   **({"HALVES": True} if ws and arch == "sm_90a" else {})}  # (mma.sync's halves are not selections)
         s = spec("matmul", kernel, f"{label}-{arch}", sig, consts, nw,
                  *expect, aligned=aligned, num_stages=ns, ones=[x for x, v in values.items() if v == 1],
@@ -263,6 +265,8 @@ SPECS = [
     *matmul("matmul_fused", "f16-gelu", f16, 4096, 4096, 4096, *TMA, activation="gelu"),
     *matmul("matmul_sk", "f16-3072-gelu", f16, 3072, 3072, 3072, *TMA, activation="gelu",  # stream-K
             archs=("sm_90a",)),
+    *matmul("matmul_split", "f16-300x260x8192-gelu", f16, 300, 260, 8192, *TMA, "ATOMG.E.ADD.F32",  # split-K
+            activation="gelu", archs=("sm_90a",)),
     # a producer warpgroup, the tile stored in column halves, so that 4 slots fit beside the staging (225 KB; the
     # whole tile: 257)
     *matmul("matmul", "f16-4096-ws", f16, 4096, 4096, 4096, *TMA, "sm_90a:USETMAXREG", ws=True),

@@ -19,7 +19,8 @@ def poisoned_outputs(monkeypatch):
     real = torch.empty
 
     def poisoned(*args, **kwargs):
-        return real(*args, **kwargs).fill_(float("nan"))
+        t = real(*args, **kwargs)
+        return t.fill_(float("nan") if t.is_floating_point() else -1)
     monkeypatch.setattr(ops.torch, "empty", poisoned)
 
 
@@ -27,8 +28,10 @@ def devices():
     return ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
-def reference(a, b, bias=None, activation=None):
+def reference(a, b, bias=None, activation=None, scale_a=None, scale_b=None):
     r = a.double() @ b.double()
+    if scale_a is not None:
+        r = r * scale_a.double()[:, None] * scale_b.double()[None, :]
     if bias is not None:
         r = r + bias.double()
     if activation == "relu":
@@ -51,7 +54,8 @@ SHAPES = {  # (M, N, K): the interpreter runs a program at a time in Python, so 
              (2048, 2048, 512), (257, 513, 33), (512, 4096, 1000),  # tiles 128x256, 64x64, 64x128, 128x128
              (1000, 1000, 1000),  # strides of an odd multiple of 8: TMA on sm_90a
              (2000, 4100, 1000), (1100, 3000, 1000),  # stream-K: past 2 waves of tiles, and all of them (under 2)
-             (1500, 5600, 1000)],  # on sm_90a persistent, with a producer warpgroup: 264 tiles, two a program
+             (1500, 5600, 1000),  # on sm_90a persistent, with a producer warpgroup: 264 tiles, two a program
+             (300, 260, 8192)],  # split-K: 25 tiles, 5 programs each
 }
 
 
@@ -105,7 +109,8 @@ def test_fp8_matmul(device, fp8, b_major):
     K contiguous (column-major: TMA boxes 128 K wide; a program a tile, and persistent), else mma.sync on pairs
     converted to f16; persistent and stream-K sizes; M under a wgmma block, K not a multiple of a step."""
     shapes = [(70, 50, 40)] if device == "cpu" else [(1000, 1001, 1024), (512, 768, 1024), (1504, 5600, 264),
-                                                     (2000, 4100, 1024), (17, 1001, 100), (257, 513, 48)]
+                                                     (2000, 4100, 1024), (17, 1001, 100), (257, 513, 48),
+                                                     (256, 512, 4096)]
     for m, n, k in shapes:
         a = torch.randn(m, k, device=device).to(fp8)
         b = torch.randn(n, k, device=device).to(fp8).t() if b_major == "k" else torch.randn(k, n, device=device).to(fp8)
@@ -240,7 +245,8 @@ def test_a_short_k_loop_takes_tiles_that_share_an_sm_and_only_the_slots_it_fills
 
 @pytest.mark.parametrize("device", devices())
 def test_stream_k_epilogue(device):
-    """Stream-K tiles take the bias and the activation once, after their parts are added."""
+    """Stream-K tiles take the bias and the activation once, after their parts are added. On the GPU the second and
+    third calls take the bound path, whose flags are made zero per call too (and B's rows, off 16 bytes, copied)."""
     m, n, k = (100, 70, 200) if device == "cpu" else (2000, 4100, 1000)
     a, b = torch.randn(m, k, device=device).half(), torch.randn(k, n, device=device).half()
     bias = torch.randn(n, device=device).half()
@@ -249,10 +255,52 @@ def test_stream_k_epilogue(device):
         ops._stdlib("matmul").matmul_sk[(5,)](a, b, out, bias, a, a, part, torch.zeros(5, dtype=torch.int32), m, n,
                                               k, k, 1, n, 1, n, 1, 0, 0, 4, BM=32, BN=32, BK=16, GROUP_M=2,
                                               ACTIVATION="gelu", BIAS=True)
-    else:
-        assert ops._stream_k(16 * 17, 16, 132) == 140  # 31% idle in 3 waves
-        out = ops.matmul(a, b, bias, "gelu")
-    check(out, reference(a, b, bias, "gelu"), torch.float16)
+        check(out, reference(a, b, bias, "gelu"), torch.float16)
+        return
+    assert ops._stream_k(16 * 17, 16, 132) == 140  # 31% idle in 3 waves
+    for _ in range(3):
+        check(ops.matmul(a, b, bias, "gelu"), reference(a, b, bias, "gelu"), torch.float16)
+        a.normal_(), b.normal_(), bias.normal_()
+    assert any(key[:2] == ("matmul", a.shape) for key in ops._fast)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_split_k_epilogue(device):
+    """Split-K tiles (ops plans an H200 on the CPU too) take the scales, the bias and the activation once, from the
+    sum of their shares. On the GPU the second and third calls take the bound path, whose sums and counts are made
+    zero per call too."""
+    m, n, k = (100, 70, 1024) if device == "cpu" else (300, 260, 8192)
+    a, b = torch.randn(m, k, device=device).half(), torch.randn(k, n, device=device).half()
+    bias, sa, sb = torch.randn(n, device=device).half(), torch.rand(m, device=device) + 0.5, torch.rand(n, device=device)
+    assert ops._matmul_plan(a, b, 132, "sm_90a", 2)[3] == (2 if device == "cpu" else 5)
+    for _ in range(1 if device == "cpu" else 3):
+        check(ops.matmul(a, b, bias, "gelu", scale_a=sa, scale_b=sb), reference(a, b, bias, "gelu", sa, sb),
+              torch.float16)
+        a.normal_(), b.normal_(), bias.normal_()
+    assert device == "cpu" or any(key[:2] == ("matmul", a.shape) for key in ops._fast)
+
+
+@pytest.mark.parametrize("m, n, k, splits", [(70, 50, 200, 3), (33, 65, 100, 4), (64, 64, 48, 5), (40, 30, 16, 2)])
+def test_split_k_runs(m, n, k, splits):
+    """matmul_split in the interpreter (its programs one after another): K steps of 16 shared out, a share of none
+    where the splits outnumber the steps; every tile counted to `splits` once."""
+    a, b = torch.randn(m, k).half(), torch.randn(k, n).half()
+    tiles = -(-m // 32) * -(-n // 32)
+    out, part = torch.full((m, n), float("nan")).half(), torch.zeros(tiles * 32 * 32 + tiles)
+    ops._stdlib("matmul").matmul_split[(tiles * splits,)](a, b, out, a, a, a, part, m, n, k, k, 1, n, 1, n, 1, 0, 0,
+                                                          splits, BM=32, BN=32, BK=16, GROUP_M=2)
+    check(out, reference(a, b), torch.float16)
+    assert part[-tiles:].tolist() == [splits] * tiles
+
+
+def test_few_tiles_split_their_k_steps_over_the_sms():
+    """Where the tiles fill a quarter of the SMs or less, each tile's K steps go to as many programs as fill one wave,
+    a share SK_STEPS steps at least; not off sm_90a. So 300x260x8192 takes 25 tiles of 64x64, 5 programs each."""
+    assert [ops._splits(t, s, 132) for t, s in ((8, 256), (33, 64), (34, 64), (8, 10), (1, 8))] == [16, 4, 1, 1, 1]
+    assert ops._splits(8, 256, 132, "sm_80") == 1
+    a, b = torch.empty(300, 8192, dtype=torch.float16, device="meta"), torch.empty(8192, 260, dtype=torch.float16)
+    meta, grid, sk, splits = ops._matmul_plan(a, b.to("meta"), 132, "sm_90a", 2)
+    assert (meta["BM"], meta["BN"], grid, sk, splits) == (64, 64, 125, 0, 5)
 
 
 @pytest.mark.parametrize("programs, sk_tiles, k", [(3, 2, 90), (4, 3, 40), (5, 6, 200), (7, 12, 33), (2, 12, 16)])
@@ -288,7 +336,7 @@ def test_a_matmul_of_more_tiles_than_sms_goes_persistent_on_hopper():
     other a multiple of 8; either may be transposed); else a program per tile. The persistent kernel it launches has
     its producer (setmaxnreg)."""
     def plan(a, b, arch="sm_90a", out=2):
-        meta, grid, sk = ops._matmul_plan(a, b, 132, arch, out)
+        meta, grid, sk, _ = ops._matmul_plan(a, b, 132, arch, out)
         return meta.get("WS", False), grid, sk, meta["num_stages"]
 
     def empty(*shape, dtype=torch.float16):
