@@ -846,7 +846,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
     is in `out_dtype` (f16, bf16 or f32): by default a's dtype, bf16 for fp8. The scales, both or neither, are f32
     tensors as torch._scaled_mm takes them: one value each, or one per row of a ([M] or [M, 1]) and per column of b
     ([N] or [1, N]). On sm_90a fp8 runs at its own rate, which reads both tiles K-contiguous (a row-major, b
-    column-major: b = bt.t(), as torch._scaled_mm takes it): other layouts are copied so first."""
+    column-major: b = bt.t(), as torch._scaled_mm takes it): other layouts are copied so first; and in large
+    products, operands whose rows sit off 16 bytes (which TMA cannot copy) are first copied into aligned rows."""
     key = ("matmul", a.shape, a.stride(), a.dtype, b.shape, b.stride(), b.dtype, a.get_device(), activation,
            *((t.shape, t.stride(), t.dtype) if t is not None else None for t in (bias, scale_a, scale_b)), out_dtype)
     bound = _fast.get(key)
