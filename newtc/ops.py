@@ -926,6 +926,8 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, o
     out_dtype = out_dtype or (torch.bfloat16 if a.dtype in FP8 else a.dtype)
     if out_dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise NkError(f"matmul's out_dtype is f32, f16 or bf16, got {out_dtype}")
+    if activation not in (None, "relu", "gelu"):
+        raise NkError(f"matmul's activation is None, \"relu\" or \"gelu\", got {activation!r}")
     (m, k), n = a.shape, b.shape[1]
     if bias is not None and bias.shape != (n,):  # the kernel reads N values of it, whatever its shape
         raise NkError(f"matmul's bias has one value per column of the product, [{n}]; got {list(bias.shape)}")

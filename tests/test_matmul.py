@@ -368,6 +368,8 @@ def test_matmul_rejects_bad_operands():
         ops.matmul(torch.ones(3, 4, dtype=torch.int32), torch.ones(4, 6, dtype=torch.int32))
     with pytest.raises(newtc.NkError, match="out_dtype is f32, f16 or bf16"):
         ops.matmul(torch.randn(3, 4), torch.randn(4, 6), out_dtype=torch.int32)
+    with pytest.raises(newtc.NkError, match="activation is None, \"relu\" or \"gelu\", got 'tanh'"):
+        ops.matmul(torch.randn(3, 4), torch.randn(4, 6), activation="tanh")
     with pytest.raises(newtc.NkError, match="scale_a and scale_b together"):
         ops.matmul(torch.randn(3, 4), torch.randn(4, 6), scale_a=torch.ones(()))
     for sa, sb in ((torch.ones(2), torch.ones(6)), (torch.ones(3, 6), torch.ones(6)), (torch.ones(3).half(), torch.ones(6))):
