@@ -958,9 +958,8 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, o
     tile = meta["BM"] * meta["BN"]
     # made after the product: stream-K's parts and flags, or the splits' f32 tiles and counts; zeros where the kernel
     # needs them so (made per call: a buffer kept between calls would be shared by streams)
-    work = [(sms * tile, torch.float32), (sms, torch.int32)] if sk else \
-        [(grid // splits * (tile + 1), torch.float32)] if splits > 1 else []
-    zeroed = (2,) if sk else (1,) if splits > 1 else ()
+    work = [(sms * tile, torch.float32, False), (sms, torch.int32, True)] if sk else \
+        [(grid // splits * (tile + 1), torch.float32, True)] if splits > 1 else []
     copy = out + 1 + len(work)  # the copies' places
     at = {i: _In(copy + j) for j, (i, *_) in enumerate(copies)}
     x, y = at.get(0, A), at.get(1, B)
@@ -969,8 +968,7 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, o
 
     def made(t: Tensor) -> tuple:
         return (torch.empty((m, n), dtype=out_dtype, device=t.device),
-                *((torch.zeros if 1 + i in zeroed else torch.empty)(size, dtype=dt, device=t.device)
-                  for i, (size, dt) in enumerate(work)),
+                *((torch.zeros if zero else torch.empty)(size, dtype=dt, device=t.device) for size, dt, zero in work),
                 *(torch.empty(shape, dtype=a.dtype, device=t.device) for _, _, _, shape, _ in copies))
     if sk:
         step = (mod.matmul_sk, (grid,), (x, y, *ep, _In(out + 1), _In(out + 2), *sizes, *strides, sk), fused)
@@ -980,7 +978,7 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, o
         step = (mod.matmul, (grid,), (x, y, _In(out), *sizes), meta)
     else:
         step = (mod.matmul_fused, (grid,), (x, y, *ep, *sizes, *strides), fused)
-    return _run(key, steps + [step], made, inputs, zeroed=zeroed)
+    return _run(key, steps + [step], made, inputs, zeroed=tuple(1 + i for i, (*_, zero) in enumerate(work) if zero))
 
 
 # ---- attention ----------------------------------------------------------------------------------------
