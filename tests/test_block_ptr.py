@@ -201,7 +201,7 @@ def assert_same_pipeline(want, got):
     first has a pipeline of copies feeding the tensor cores."""
     def tokens(text, kernel, spec):
         src = compiler.compile(syntax.parse(text, f"{kernel}.nk"), kernel, spec, until="cuda").cuda.source
-        return collections.Counter(TOKENS.findall(src[src.index('extern "C"'):]))
+        return collections.Counter(TOKENS.findall(src[src.index('extern "C" __global__'):]))
     ref = tokens(*want)
     assert (ref["nk_cp_async<16>"] or any(t.startswith("cp.async.bulk.tensor") for t in ref)) and \
         any(t.startswith(("mma.sync", "wgmma.mma_async")) for t in ref)

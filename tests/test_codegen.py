@@ -265,7 +265,7 @@ SPECS = [
     *matmul("matmul_fused", "f16-gelu", f16, 4096, 4096, 4096, *TMA, activation="gelu"),
     *matmul("matmul_sk", "f16-3072-gelu", f16, 3072, 3072, 3072, *TMA, activation="gelu",  # stream-K
             archs=("sm_90a",)),
-    *matmul("matmul_split", "f16-300x260x8192-gelu", f16, 300, 260, 8192, *TMA, "ATOMG.E.ADD.F32",  # split-K
+    *matmul("matmul_split", "f16-300x260x8192-gelu", f16, 300, 260, 8192, *TMA, "REDG.E.ADD.F32",  # split-K
             activation="gelu", archs=("sm_90a",)),
     # a producer warpgroup, the tile stored in column halves, so that 4 slots fit beside the staging (225 KB; the
     # whole tile: 257)

@@ -239,7 +239,7 @@ def test_nvrtc_compiles(name, text, args, meta, arch):
 
 
 def test_a_loop_that_breaks_is_a_while_and_carried_swaps_are_staged():
-    source = compile_(SCAN, "scan.nk").scan.source(*CODEGEN[0][2], BLOCK=64).split('extern "C"')[1]
+    source = compile_(SCAN, "scan.nk").scan.source(*CODEGEN[0][2], BLOCK=64).split('extern "C" __global__')[1]
     assert source.count("while (") == 2  # the `while`, and the `for` that breaks
     # `a, b = b, a` in a loop: each next value is copied before any is written
     assert "int const a_next" in source and "int const b_next" in source

@@ -69,7 +69,7 @@ def cuda(kernel: str, sig: dict, consts: dict, aligned: tuple, arch="sm_90a", **
     """The kernel's generated CUDA (the body after the prelude) for one specialization."""
     spec = Spec.of(sig, consts, aligned=aligned, arch=arch, **options)
     source = compiler.compile(syntax.parse(HINTED, "hinted.nk"), kernel, spec, until="cuda").cuda.source
-    return source.split('extern "C"')[1]
+    return source.split('extern "C" __global__')[1]
 
 
 # ---- the analysis and the generated code -----------------------------------------------------------

@@ -233,7 +233,7 @@ def cuda(body: str, sig: dict, constexprs: dict | None = None, num_warps: int = 
 
 def body_of(src: str) -> str:
     """The kernel's statements, without the prelude and the `extern __shared__` declaration."""
-    code = src[src.index('extern "C"'):]
+    code = src[src.index('extern "C" __global__'):]
     return "\n".join(ln for ln in code.splitlines() if "extern __shared__" not in ln)
 
 
