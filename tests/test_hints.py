@@ -92,6 +92,22 @@ def test_a_hint_makes_the_access_vectorized(kernel, sig_aligned, consts):
     assert len(re.findall(r"u\.w = \*", hinted)) >= 1
 
 
+WRAPPED = """\
+kernel k(x, out, BLOCK: constexpr, C: constexpr):
+    offs = (program_id(0) * BLOCK + arange(0, BLOCK)) % C
+    store(out + offs, load(x + offs) * 2)
+"""
+
+
+@pytest.mark.parametrize("c, whole", [(64, True), (4, True), (12, True), (6, False), (2, False)])
+def test_a_constant_remainder_keeps_its_runs(c, whole):
+    """x % c wraps only at multiples of c: runs of consecutive x that start at multiples of c's largest power-of-two
+    divisor stay consecutive, so f32 groups of 4 stay whole where 4 divides c (no hint, no run-time check)."""
+    spec = Spec.of({"x": Ptr(f32), "out": Ptr(f32)}, {"BLOCK": 256, "C": c}, aligned=("x", "out"))
+    source = compiler.compile(syntax.parse(WRAPPED, "wrapped.nk"), "k", spec, until="cuda").cuda.source
+    assert (CHECK.search(source) is None) == whole
+
+
 def test_hints_are_ops_the_analysis_reads():
     ir_text = module().copy_mod.ir(torch.empty(64), torch.empty(64), 64, BLOCK=64, HINT=True)
     assert "hint(" in ir_text and "multiple_of=(64,)" in ir_text and "max_contiguous=(64,)" in ir_text

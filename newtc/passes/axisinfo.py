@@ -79,8 +79,17 @@ def _logic(op: ir.Op, a: Facts, b: Facts) -> Facts:
     return Facts((1,) * n, (1,) * n, _zip(lambda ac, ad, ak, bc, bd, bk: min(ak, bk), a, b))
 
 
-RULES = {"add": _add, "ptradd": _add, "sub": _sub, "mul": _mul, "lt": _compare, "le": _compare, "gt": _compare,
-         "ge": _compare, "and": _logic, "or": _logic}
+def _mod(op: ir.Op, a: Facts, b: Facts) -> Facts:
+    """x % c for a positive constant c: every multiple of c where x wraps is a multiple of d = the largest power of two
+    dividing c and x's run starts, so runs of up to d consecutive values stay consecutive and start at multiples of d."""
+    if not isinstance(b.value, int) or b.value <= 0:
+        return Facts((1,) * len(a.contig), (1,) * len(a.contig), a.const)
+    div = tuple(min(d, pow2_divisor(b.value)) for d in a.div)
+    return Facts(tuple(map(min, a.contig, div)), div, a.const)
+
+
+RULES = {"add": _add, "ptradd": _add, "sub": _sub, "mul": _mul, "mod": _mod, "lt": _compare, "le": _compare,
+         "gt": _compare, "ge": _compare, "and": _logic, "or": _logic}
 
 
 def infer(op: ir.Op) -> Facts:
