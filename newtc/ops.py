@@ -821,12 +821,13 @@ def _stream_k(tiles: int, steps: int, sms: int, arch: str = "sm_90a") -> int:
 
 
 def _splits(tiles: int, steps: int, sms: int, arch: str = "sm_90a") -> int:
-    """The programs each tile's K steps are split over (stdlib matmul_split): where the tiles fill a quarter of the
-    SMs or less, as many as fill one wave, each share SK_STEPS steps or more; none off sm_90a (measured on an H200
-    only). The shares' atomic sums cost more than the programs gain where the tiles fill more (H200, f16: 25 tiles of
-    300x260x8192 split in 5 1.18x, 32 of 16x1024x16384 in 4 1.76x; 64 of 64x2048x8192 in 2 0.97x; tiles made bigger
-    to be split over the SMs that smaller ones would fill, at 333x4096x1000 to 512x512x16384, 0.2-0.66x)."""
-    return max(1, min(sms // tiles, steps // SK_STEPS)) if arch == "sm_90a" and 4 * tiles <= sms else 1
+    """The programs each tile's K steps are split over (stdlib matmul_split): as many as fill one wave, each share
+    SK_STEPS steps or more, so only tiles that fill half of the SMs or less split; none off sm_90a (measured on an H200
+    only). The shares add their sums by vector reductions (red.v4, four f32 a lane), which cost less than the idle SMs
+    do (H200, the unsplit tile split: f16 300x260x8192 in 5 1.53x, 16x1024x16384 in 4 1.83x, 256x256x32768 in 8 3.5x,
+    512x512x16384 in 2 1.47x, 64x2048x8192 in 2 1.10x; fp8 512x512x16384 1.30x). Tiles made bigger so as to be split
+    lost (333x4096x1000 to 512x512x16384, 0.2-0.66x, with one atomic a value): ops splits the tile chosen unsplit."""
+    return max(1, min(sms // tiles, steps // SK_STEPS)) if arch == "sm_90a" else 1
 
 
 def _tma_ready(t: Tensor) -> bool:

@@ -528,6 +528,52 @@ def test_sem_and_scope_in_sass(arch, sem, scope, expect, absent):
         assert not any(o.startswith(a) for o in ops), (a, sorted(ops))
 
 
+SUMS = """\
+kernel k(dst, val, n, BLOCK: constexpr):
+    offs = program_id(0) * BLOCK + arange(0, BLOCK)
+    m = offs < n
+    v = load(val + offs, mask=m)
+    atomic_add(dst + offs % 64, v, mask=m)
+    atomic_add(dst + 64 + offs % 7, v, mask=m)
+"""
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("n", [4096, 1001])
+def test_atomic_sums_whose_old_values_are_unread(device, n):
+    """Their SASS is RED (below); the sums: 4096 takes whole groups of four, 1001 masks the last one unevenly."""
+    val = torch.randn(n)
+    dst = torch.randn(71)
+    module(SUMS).k[(-(-n // 256),)](out := dst.to(device, copy=True), val.to(device), n, BLOCK=256)
+    i = torch.arange(n)
+    want = dst.double().index_add(0, i % 64, val.double()).index_add(0, 64 + i % 7, val.double())
+    torch.testing.assert_close(out.cpu().double(), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch, red", [("sm_80", "RED.E.ADD.F32.FTZ.RN.STRONG.GPU"),
+                                       ("sm_90a", "REDG.E.ADD.F32x4.FTZ.RN.STRONG.GPU")])
+def test_unread_atomics_are_reductions(arch, red):
+    """The first sums' groups of four are whole where n is a multiple of 16 and the pointers 16-byte aligned."""
+    m = syntax.parse(SUMS, "builtins.nk")
+    spec = compiler.Spec.of({"dst": Ptr(f32), "val": Ptr(f32), "n": i32}, {"BLOCK": 256}, arch=arch,
+                            aligned=("dst", "val", "n"))
+    text = nvrtc.disassemble(compiler.compile(m, "k", spec).binary.cubin)
+    assert f"{red} " in text and "ATOM" not in text, sorted(set(OPCODE.findall(text)))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dt", [i32, i64, u64, f32, f64])
+def test_every_unread_atomic_compiles(arch, dt):
+    """Adds (and integer max, min, or, and, xor) whose old values are unread are RED at every scope; the rest stay
+    atomics."""
+    ops = ["add", "max", "min", "xchg"] + (["or", "and", "xor"] if dt.is_int else [])
+    lines = [f'    atomic_{op}(dst + offs % 7, load(val + offs), sem="relaxed", scope="{s}")' for op in ops
+             for s in ("cta", "gpu", "sys")]
+    text = "\n".join(["kernel k(dst, val, BLOCK: constexpr):", "    offs = arange(0, BLOCK)", *lines, ""])
+    found = sass(text, "k", {"dst": Ptr(dt), "val": Ptr(dt)}, {"BLOCK": 64}, arch)
+    assert any(o.startswith("RED") for o in found), sorted(found)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dt", [i32, i64, u64, f32, f64])
 def test_every_atomic_compiles_at_every_scope(arch, dt):

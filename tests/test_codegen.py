@@ -480,7 +480,7 @@ def nk_lines(source: str) -> list[tuple[str | None, int | None, str]]:
 
 def lines_of(source: str, needle: str) -> set[int | None]:
     """The .nk lines of the kernel's code lines containing `needle` (the prelude above is left out)."""
-    body = source[source.index('extern "C"'):]
+    body = source[source.index('extern "C" __global__'):]
     return {line for _, line, text in nk_lines(body) if needle in text}
 
 

@@ -294,9 +294,10 @@ def test_split_k_runs(m, n, k, splits):
 
 
 def test_few_tiles_split_their_k_steps_over_the_sms():
-    """Where the tiles fill a quarter of the SMs or less, each tile's K steps go to as many programs as fill one wave,
-    a share SK_STEPS steps at least; not off sm_90a. So 300x260x8192 takes 25 tiles of 64x64, 5 programs each."""
-    assert [ops._splits(t, s, 132) for t, s in ((8, 256), (33, 64), (34, 64), (8, 10), (1, 8))] == [16, 4, 1, 1, 1]
+    """Where the tiles fill half of the SMs or less, each tile's K steps go to as many programs as fill one wave, a
+    share SK_STEPS steps at least; not off sm_90a. So 300x260x8192 takes 25 tiles of 64x64, 5 programs each."""
+    assert [ops._splits(t, s, 132) for t, s in ((8, 256), (33, 64), (34, 64), (66, 16), (67, 64), (8, 10), (1, 8))] \
+        == [16, 4, 3, 2, 1, 1, 1]
     assert ops._splits(8, 256, 132, "sm_80") == 1
     a, b = torch.empty(300, 8192, dtype=torch.float16, device="meta"), torch.empty(8192, 260, dtype=torch.float16)
     meta, grid, sk, splits = ops._matmul_plan(a, b.to("meta"), 132, "sm_90a", 2)
