@@ -752,6 +752,7 @@ def _arch(t: Tensor) -> str:
 # product but leaves more SMs idle on its last wave; _matmul_config weighs the two.
 MATMUL_TILES = {(128, 256, 8, 4): 661, (128, 128, 4, 4): 516, (64, 128, 4, 6): 435, (64, 64, 4, 6): 382}
 SK_STEPS = 8  # K steps from which the tiles past the last full wave may go stream-K (stdlib matmul_sk)
+SPLIT_BYTES = 4096  # the least of a row's K (in bytes of A) that a split-K share takes (`_splits`)
 SK_IDLE = 0.09  # ... where the tiles' waves would leave more than this part of the SMs' time idle. Its cost: each run
 # adds a part through memory, and the runs read A and B at other K steps than their neighbours, out of L2's reach; below
 # it the persistent kernel (`_matmul_plan`) is faster (H200, f16, against it: idle 5.2% and 7.9% 0.97-0.98x, 11-27%
@@ -820,14 +821,16 @@ def _stream_k(tiles: int, steps: int, sms: int, arch: str = "sm_90a") -> int:
     return tiles % sms + sms
 
 
-def _splits(tiles: int, steps: int, sms: int, arch: str = "sm_90a") -> int:
-    """The programs each tile's K steps are split over (stdlib matmul_split): as many as fill one wave, each share
-    SK_STEPS steps or more, so only tiles that fill half of the SMs or less split; none off sm_90a (measured on an H200
-    only). The shares add their sums by vector reductions (red.v4, four f32 a lane), which cost less than the idle SMs
-    do (H200, the unsplit tile split: f16 300x260x8192 in 5 1.53x, 16x1024x16384 in 4 1.83x, 256x256x32768 in 8 3.5x,
-    512x512x16384 in 2 1.47x, 64x2048x8192 in 2 1.10x; fp8 512x512x16384 1.30x). Tiles made bigger so as to be split
-    lost (333x4096x1000 to 512x512x16384, 0.2-0.66x, with one atomic a value): ops splits the tile chosen unsplit."""
-    return max(1, min(sms // tiles, steps // SK_STEPS)) if arch == "sm_90a" else 1
+def _splits(tiles: int, k_bytes: int, sms: int, arch: str = "sm_90a") -> int:
+    """The programs each tile's K is split over (stdlib matmul_split): as many as fill one wave, each share SPLIT_BYTES
+    of a row's K or more, so only tiles that fill half of the SMs or less split; none off sm_90a (measured on an H200
+    only). The shares add their sums by vector reductions (red.v4, four f32 a lane), which with a share's fixed costs
+    pay where the shares are long (H200, the unsplit tile split: f16 300x260x8192 in 5 1.6x, 16x1024x16384 in 4 1.83x,
+    256x256x32768 in 8 3.5x, 512x512x16384 in 2 1.42-1.47x, 640x384x8192 1.28x, 256x1024x4096 1.05x, 48x2048x8192
+    1.10x; fp8 512x512x16384 1.30x; but shares of 2 KB lost: f16 512x512x2048 0.79x, 128x2048x2048 0.89x, fp8
+    512x512x4096 0.86x). Tiles made bigger so as to be split lost too (333x4096x1000 to 512x512x16384, 0.2-0.66x, with
+    an atomic a value): ops splits the tile chosen unsplit."""
+    return max(1, min(sms // tiles, k_bytes // SPLIT_BYTES)) if arch == "sm_90a" else 1
 
 
 def _tma_ready(t: Tensor) -> bool:
@@ -870,7 +873,7 @@ def _matmul_plan(a: Tensor, b: Tensor, sms: int, arch: str, out: int) -> tuple[d
     item = _mma_bytes(a, b, arch)
     cfg = _matmul_config(m, n, k, item, arch, sms)
     tiles, steps = _cdiv(m, cfg["BM"]) * _cdiv(n, cfg["BN"]), _cdiv(k, cfg["BK"])
-    sk, splits = _stream_k(tiles, steps, sms, arch) if m > 64 else 0, _splits(tiles, steps, sms, arch)
+    sk, splits = _stream_k(tiles, steps, sms, arch) if m > 64 else 0, _splits(tiles, k * item, sms, arch)
     if sk or tiles <= sms or m <= 64 or arch != "sm_90a" or item > 2 or not (_tma_ready(a) and _tma_ready(b)):
         return dict(GROUP_M=8, **cfg), sms if sk else tiles * splits, sk, splits
     return dict(GROUP_M=8, WS=True, HALVES=True, **_matmul_config(m, n, k, item, arch, sms, ws=out)), sms, 0, 1

@@ -269,10 +269,10 @@ def test_split_k_epilogue(device):
     """Split-K tiles (ops plans an H200 on the CPU too) take the scales, the bias and the activation once, from the
     sum of their shares. On the GPU the second and third calls take the bound path, whose sums and counts are made
     zero per call too."""
-    m, n, k = (100, 70, 1024) if device == "cpu" else (300, 260, 8192)
+    m, n, k = (100, 70, 4096) if device == "cpu" else (300, 260, 8192)
     a, b = torch.randn(m, k, device=device).half(), torch.randn(k, n, device=device).half()
     bias, sa, sb = torch.randn(n, device=device).half(), torch.rand(m, device=device) + 0.5, torch.rand(n, device=device)
-    assert ops._matmul_plan(a, b, 132, "sm_90a", 2)[3] == (2 if device == "cpu" else 5)
+    assert ops._matmul_plan(a, b, 132, "sm_90a", 2)[3] == (2 if device == "cpu" else 4)
     for _ in range(1 if device == "cpu" else 3):
         check(ops.matmul(a, b, bias, "gelu", scale_a=sa, scale_b=sb), reference(a, b, bias, "gelu", sa, sb),
               torch.float16)
@@ -294,14 +294,14 @@ def test_split_k_runs(m, n, k, splits):
 
 
 def test_few_tiles_split_their_k_steps_over_the_sms():
-    """Where the tiles fill half of the SMs or less, each tile's K steps go to as many programs as fill one wave, a
-    share SK_STEPS steps at least; not off sm_90a. So 300x260x8192 takes 25 tiles of 64x64, 5 programs each."""
-    assert [ops._splits(t, s, 132) for t, s in ((8, 256), (33, 64), (34, 64), (66, 16), (67, 64), (8, 10), (1, 8))] \
-        == [16, 4, 3, 2, 1, 1, 1]
-    assert ops._splits(8, 256, 132, "sm_80") == 1
+    """Where the tiles fill half of the SMs or less, each tile's K goes to as many programs as fill one wave, a share
+    SPLIT_BYTES of K at least; not off sm_90a. So 300x260x8192 f16 takes 25 tiles of 64x64, 4 programs each."""
+    assert [ops._splits(t, kb, 132) for t, kb in ((8, 65536), (33, 65536), (34, 65536), (66, 8192), (67, 65536),
+                                                   (8, 8191), (1, 4096))] == [16, 4, 3, 2, 1, 1, 1]
+    assert ops._splits(8, 65536, 132, "sm_80") == 1
     a, b = torch.empty(300, 8192, dtype=torch.float16, device="meta"), torch.empty(8192, 260, dtype=torch.float16)
     meta, grid, sk, splits = ops._matmul_plan(a, b.to("meta"), 132, "sm_90a", 2)
-    assert (meta["BM"], meta["BN"], grid, sk, splits) == (64, 64, 125, 0, 5)
+    assert (meta["BM"], meta["BN"], grid, sk, splits) == (64, 64, 100, 0, 4)
 
 
 @pytest.mark.parametrize("programs, sk_tiles, k", [(3, 2, 90), (4, 3, 40), (5, 6, 200), (7, 12, 33), (2, 12, 16)])
