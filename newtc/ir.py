@@ -205,6 +205,16 @@ def walk(region: Region):
             yield from walk(r)
 
 
+def uses(k: "Kernel") -> dict:
+    """id(value) -> the ops that read it."""
+    out: dict = {}
+    for op in walk(k.body):
+        for a in op.args:
+            if a is not None:
+                out.setdefault(id(a), []).append(op)
+    return out
+
+
 # ---- printer: the `--emit ir` format ---------------------------------------------------------
 def _fmt_attr(v) -> str:
     return repr(v) if not isinstance(v, float) else repr(v)

@@ -66,7 +66,7 @@ class Codegen:
         self.vals: dict[int, list[str]] = {}  # id(block value) -> one C expression per register
         self.pinned: dict[int, list[str]] = {}  # id(asynchronous wgmma's result) -> its A words in registers
         self.defs: dict[int, ir.Op] = {id(r): op for op in ir.walk(k.body) for r in op.results}
-        self.read = {id(a) for op in ir.walk(k.body) for a in op.args if a is not None}  # values some op reads
+        self.readers = ir.uses(k)  # id(value) -> the ops that read it
         # ptxas serializes asynchronous wgmma if accumulators are read behind branches: stores then use predicates
         self.predicated = any(op.kind == "dot" and op.attrs.get("async") for op in ir.walk(k.body))
         # with a producer warpgroup (passes.pipeline's warp specialization): the threads past the consumers

@@ -188,7 +188,7 @@ def red(op: ir.Op, ptr: str, vals: list[str], cond: str) -> str:
     vec = f".v{len(vals)}" if len(vals) > 1 else ""
     operands = ", ".join(f"%{j + 1}" for j in range(len(vals)))
     ins = ", ".join(f'"{CONSTRAINT[ptype]}"({v})' for v in vals)
-    asm = (f'asm volatile("red.relaxed.{op.attrs.get("scope", "gpu")}.global.{op.attrs["kind"]}{vec}.{ptype} [%0], '
+    asm = (f'asm volatile("red.relaxed.{op.attrs["scope"]}.global.{op.attrs["kind"]}{vec}.{ptype} [%0], '
            f'{"{" + operands + "}" if vec else operands};" :: "l"(__cvta_generic_to_global({ptr})), {ins} : "memory");')
     return f"if ({cond}) {asm}" if cond else asm
 
@@ -212,7 +212,7 @@ def reduction(cg, op: ir.Op) -> None:
 def atomic_body(cg, op: ir.Op) -> None:
     res = op.result
     t = cexpr.ctype(res.type.dtype)
-    if res.type.shape and id(res) not in cg.read and res.type.dtype.name in RED.get(op.attrs["kind"], {}):
+    if res.type.shape and id(res) not in cg.readers and res.type.dtype.name in RED.get(op.attrs["kind"], {}):
         return reduction(cg, op)
     if not res.type.shape:  # one thread performs it; the old value reaches every thread through shared memory
         *args, mask, buf = op.args

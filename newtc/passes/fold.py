@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from .. import ir
 from ..types import FP8
-from .lower import uses
 
 
 def fold_accumulators(k: ir.Kernel) -> ir.Kernel:
     defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
-    readers = uses(k)
+    readers = ir.uses(k)
 
     def foldable(d: ir.Value, x: ir.Value, r: ir.Region) -> ir.Op | None:
         dot = defs.get(id(d))

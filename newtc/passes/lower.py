@@ -15,16 +15,6 @@ from ..types import Type, u8
 from ..layout import axis_levels, dim_bits, xor_source
 
 
-def uses(k: ir.Kernel) -> dict:
-    """id(value) -> the ops that read it."""
-    out: dict = {}
-    for op in ir.walk(k.body):
-        for a in op.args:
-            if a is not None:
-                out.setdefault(id(a), []).append(op)
-    return out
-
-
 def alloc(shape: tuple, elem, layout: Layout | None, span, slots: int = 1) -> ir.Op:
     return ir.Op("alloc", [], [ir.Value(Type(tuple(shape), ir.Buffer(elem, slots)), "smem", layout)], {}, span)
 

@@ -19,7 +19,7 @@ from .. import ir
 from ..layout import remap, restrict, tma_boxes
 from ..types import Type, bool_, i32, u64
 from .axisinfo import analyze_axes
-from .lower import alloc, uses
+from .lower import alloc
 
 PURE = ir.ELEMENTWISE | ir.VIEWS | {"arange", "const", "convert", "slot"}
 UNBOUNDED = 2**31 - 1  # the size of an unmasked axis in a tensor map: no start below 2^31 reaches it
@@ -711,7 +711,7 @@ def pipeline(k: ir.Kernel) -> ir.Kernel:
     if loops:
         Pipeliner(k).region(k.body)
     if Pipeliner(k).stores(k.body) or loops:
-        while remove_dead(k.body, uses(k)):
+        while remove_dead(k.body, ir.uses(k)):
             pass
         analyze_axes(k)  # facts for the masks and addresses of later iterations
     return k
@@ -719,7 +719,7 @@ def pipeline(k: ir.Kernel) -> ir.Kernel:
 
 def split_dots(k: ir.Kernel) -> ir.Kernel:
     defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
-    readers = uses(k)
+    readers = ir.uses(k)
 
     def region(r: ir.Region) -> None:
         out: list[ir.Op] = []
