@@ -751,7 +751,11 @@ def _arch(t: Tensor) -> str:
 # per tile, at 4096^3 over its waves' fill; bench/RESULTS.md, thirteenth session). A bigger tile reads less per
 # product but leaves more SMs idle on its last wave; _matmul_config weighs the two.
 MATMUL_TILES = {(128, 256, 8, 4): 661, (128, 128, 4, 4): 516, (64, 128, 4, 6): 435, (64, 64, 4, 6): 382}
-SK_STEPS = 8  # K steps from which the tiles past the last full wave may go stream-K (stdlib matmul_sk)
+SK_STEPS = 32  # K steps (128 bytes of a row's K each) from which the tiles past the last full wave may go stream-K
+# (stdlib matmul_sk), in the largest tile only: its grid is a program per SM, where a smaller tile loses the overlap of
+# the programs it would share an SM with, and the persistent kernel's producer does better (H200, f16, stream-K against
+# the persistent kernel: 3072^3 in 128x256 568 / 522 TFLOP/s; but 2000x4100x1024 in 128x256, 16 steps, 217 / 241;
+# in 64x128 or 64x64 tiles 128x11008x4096 183 / 253, bf16 256x11008x4096 330 / 459, 1536x1536x4096 370 / 429)
 SPLIT_BYTES = 4096  # the least of a row's K (in bytes of A) that a split-K share takes (`_splits`)
 SK_IDLE = 0.09  # ... where the tiles' waves would leave more than this part of the SMs' time idle. Its cost: each run
 # adds a part through memory, and the runs read A and B at other K steps than their neighbours, out of L2's reach; below
@@ -790,7 +794,7 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
 
         def work(tile: tuple) -> float:
             tiles = _cdiv(m, tile[0]) * _cdiv(n, tile[1])
-            waves = tiles / sms if _stream_k(tiles, steps, sms, arch) else _cdiv(tiles, sms)
+            waves = tiles / sms if _stream_k(tiles, steps, sms, arch, tile[:2]) else _cdiv(tiles, sms)
             return MATMUL_TILES[tile] * m * n / (waves * sms * tile[0] * tile[1])
 
         def shared_sm(tile: tuple) -> bool:  # two programs fit an SM: a thread's accumulator registers and ~26 more
@@ -810,13 +814,14 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
     return cfg
 
 
-def _stream_k(tiles: int, steps: int, sms: int, arch: str = "sm_90a") -> int:
-    """The tiles that go stream-K: none where the tiles' waves leave the SMs idle SK_IDLE of the time or less, or
-    the tiles are fewer than two waves (every tile split: 333x4096x1000 ran 81 TFLOP/s so, 180 unsplit), or the K
-    loop is short (SK_STEPS), or off sm_90a (measured on an H200 only; mma.sync's 128x256 tile spills in it); else
+def _stream_k(tiles: int, steps: int, sms: int, arch: str = "sm_90a", tile: tuple = (128, 256)) -> int:
+    """The tiles (BM x BN `tile`) that go stream-K: none where the tiles' waves leave the SMs idle SK_IDLE of the time
+    or less, or the tiles are fewer than two waves (every tile split: 333x4096x1000 ran 81 TFLOP/s so, 180 unsplit), or
+    the K loop is short or the tile not the largest (SK_STEPS), or off sm_90a (measured on an H200 only; mma.sync's 128x256 tile spills in it); else
     those past the last full wave but one, so that each program's run is one to two tiles long (as CUTLASS's hybrid
     stream-K: a run of a few steps would add a part through memory for little work)."""
-    if arch != "sm_90a" or tiles < 2 * sms or steps < SK_STEPS or 1 - tiles / (_cdiv(tiles, sms) * sms) <= SK_IDLE:
+    if arch != "sm_90a" or tiles < 2 * sms or steps < SK_STEPS or tile != max(MATMUL_TILES, key=lambda t: t[0] * t[1])[:2] or \
+            1 - tiles / (_cdiv(tiles, sms) * sms) <= SK_IDLE:
         return 0
     return tiles % sms + sms
 
@@ -872,8 +877,9 @@ def _matmul_plan(a: Tensor, b: Tensor, sms: int, arch: str, out: int) -> tuple[d
     (m, k), n = a.shape, b.shape[1]
     item = _mma_bytes(a, b, arch)
     cfg = _matmul_config(m, n, k, item, arch, sms)
-    tiles, steps = _cdiv(m, cfg["BM"]) * _cdiv(n, cfg["BN"]), _cdiv(k, cfg["BK"])
-    sk, splits = _stream_k(tiles, steps, sms, arch) if m > 64 else 0, _splits(tiles, k * item, sms, arch)
+    tiles = _cdiv(m, cfg["BM"]) * _cdiv(n, cfg["BN"])
+    sk = _stream_k(tiles, _cdiv(k * item, 128), sms, arch, (cfg["BM"], cfg["BN"])) if m > 64 else 0
+    splits = _splits(tiles, k * item, sms, arch)
     if sk or tiles <= sms or m <= 64 or arch != "sm_90a" or item > 2 or not (_tma_ready(a) and _tma_ready(b)):
         return dict(GROUP_M=8, **cfg), sms if sk else tiles * splits, sk, splits
     return dict(GROUP_M=8, WS=True, HALVES=True, **_matmul_config(m, n, k, item, arch, sms, ws=out)), sms, 0, 1

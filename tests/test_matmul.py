@@ -53,7 +53,7 @@ SHAPES = {  # (M, N, K): the interpreter runs a program at a time in Python, so 
     "cuda": [(1, 3, 8), (17, 1001, 100), (1000, 1001, 4097), (1000, 3, 8), (16, 4096, 4096), (512, 768, 1024),
              (2048, 2048, 512), (257, 513, 33), (512, 4096, 1000),  # tiles 128x256, 64x64, 64x128, 128x128
              (1000, 1000, 1000),  # strides of an odd multiple of 8: TMA on sm_90a
-             (2000, 4100, 1000), (1100, 3000, 1000),  # stream-K: past 2 waves of tiles, and all of them (under 2)
+             (2000, 4100, 4000), (1100, 3000, 1000),  # stream-K past 2 waves of 128x256 tiles; none under 2
              (1500, 5600, 1000),  # on sm_90a persistent, with a producer warpgroup: 264 tiles, two a program
              (300, 260, 8192)],  # split-K: 25 tiles, 5 programs each
 }
@@ -247,7 +247,7 @@ def test_a_short_k_loop_takes_tiles_that_share_an_sm_and_only_the_slots_it_fills
 def test_stream_k_epilogue(device):
     """Stream-K tiles take the bias and the activation once, after their parts are added. On the GPU the second and
     third calls take the bound path, whose flags are made zero per call too (and B's rows, off 16 bytes, copied)."""
-    m, n, k = (100, 70, 200) if device == "cpu" else (2000, 4100, 1000)
+    m, n, k = (100, 70, 200) if device == "cpu" else (2000, 4100, 4000)
     a, b = torch.randn(m, k, device=device).half(), torch.randn(k, n, device=device).half()
     bias = torch.randn(n, device=device).half()
     if device == "cpu":  # ops plans an H200 on the CPU: 132 programs, too many for the interpreter; 5 here
@@ -257,7 +257,7 @@ def test_stream_k_epilogue(device):
                                               ACTIVATION="gelu", BIAS=True)
         check(out, reference(a, b, bias, "gelu"), torch.float16)
         return
-    assert ops._stream_k(16 * 17, 16, 132) == 140  # 31% idle in 3 waves
+    assert ops._stream_k(16 * 17, 63, 132) == 140  # 31% idle in 3 waves of 128x256
     for _ in range(3):
         check(ops.matmul(a, b, bias, "gelu"), reference(a, b, bias, "gelu"), torch.float16)
         a.normal_(), b.normal_(), bias.normal_()
@@ -323,9 +323,9 @@ def test_stream_k_runs(programs, sk_tiles, k):
 def test_stream_k_where_the_last_wave_is_part_empty():
     """Where whole tiles would leave the SMs idle more than SK_IDLE of the time, the tiles past whole waves go stream-K
     (the last full wave's too, so that a run is a tile or two long); none where the waves are nearly full (512 tiles:
-    4096^3), under two waves, or with a short K loop. 3072^3 keeps 128x256 tiles."""
+    4096^3), under two waves, with a short K loop, or in tiles smaller than 128x256. 3072^3 keeps 128x256 tiles."""
     assert [ops._stream_k(t, 64, 132) for t in (288, 561, 200, 512, 2048, 264, 131)] == [156, 165, 0, 0, 0, 0, 0]
-    assert ops._stream_k(288, 4, 132) == 0
+    assert ops._stream_k(288, 16, 132) == ops._stream_k(288, 64, 132, (64, 128)) == 0
     for size in (4096, 3072):
         cfg = ops._matmul_config(size, size, size, 2, "sm_90a", 132)
         assert (cfg["BM"], cfg["BN"]) == (128, 256)
