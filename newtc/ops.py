@@ -761,6 +761,7 @@ SK_IDLE = 0.09  # ... where the tiles' waves would leave more than this part of 
 # adds a part through memory, and the runs read A and B at other K steps than their neighbours, out of L2's reach; below
 # it the persistent kernel (`_matmul_plan`) is faster (H200, f16, against it: idle 5.2% and 7.9% 0.97-0.98x, 11-27%
 # 1.01-1.07x; against the same tiles a program each: 3-27% idle gained 2.5-10%, at 3% it lost up to 11%)
+DECODE = 64  # rows of A up to which a product decodes: its programs stream B in column strips (`_matmul_config`)
 SHORT_K = 2  # K steps up to which a lone program per SM leaves its first loads and its stores exposed, where tiles of
 # two or more programs an SM overlap them (H200, f16, K of 64 and 128 at 4096-16384 rows: 128x128 1.11-1.20x 128x256,
 # which still wins by 15% at 4 steps)
@@ -782,7 +783,7 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
     A K loop of at most SHORT_K steps takes a tile two programs an SM can share, and without `ws` no more slots than
     K steps and one (4096x4096x64: 128x128 in 2 slots, 129 TFLOP/s, where 128x256 ran 109 and 128x128 in 4 slots 90)."""
     smem_limit = smem.LIMIT.get(arch, 48 * 1024)
-    if m <= 64:  # (wgmma's fp8 takes blocks of 64 rows: those past M cost tensor-core time, no bytes: TMA fills zeros)
+    if m <= DECODE:  # (wgmma's fp8 takes blocks of 64 rows: those past M cost tensor time, no bytes: TMA fills zeros)
         bm = 64 if itemsize == 1 else max(16, _pow2(m))
         bn = min((32, 64), key=lambda bn: (_cdiv(_cdiv(n, bn), sms) * bn, -bn))
         bk = 256 if 6 * (bm + bn) * 256 * itemsize <= smem_limit else 128
@@ -878,9 +879,9 @@ def _matmul_plan(a: Tensor, b: Tensor, sms: int, arch: str, out: int) -> tuple[d
     item = _mma_bytes(a, b, arch)
     cfg = _matmul_config(m, n, k, item, arch, sms)
     tiles = _cdiv(m, cfg["BM"]) * _cdiv(n, cfg["BN"])
-    sk = _stream_k(tiles, _cdiv(k * item, 128), sms, arch, (cfg["BM"], cfg["BN"])) if m > 64 else 0
+    sk = _stream_k(tiles, _cdiv(k * item, 128), sms, arch, (cfg["BM"], cfg["BN"])) if m > DECODE else 0
     splits = _splits(tiles, k * item, sms, arch)
-    if sk or tiles <= sms or m <= 64 or arch != "sm_90a" or item > 2 or not (_tma_ready(a) and _tma_ready(b)):
+    if sk or tiles <= sms or m <= DECODE or arch != "sm_90a" or item > 2 or not (_tma_ready(a) and _tma_ready(b)):
         return dict(GROUP_M=8, **cfg), sms if sk else tiles * splits, sk, splits
     return dict(GROUP_M=8, WS=True, HALVES=True, **_matmul_config(m, n, k, item, arch, sms, ws=out)), sms, 0, 1
 
@@ -903,7 +904,11 @@ def _scale_stride(s: Tensor, n: int, what: str) -> int:
 
 COPY_MIN = 2**28  # multiply-adds of a product from which an operand TMA cannot copy is copied into aligned rows first
 COPY_REUSE = 64  # ... if the product's other side is this wide at least (the copy's bytes against the product's work;
-# H200, f16, at 256 against 64: 1079x254x4866 21.8 -> 68.4 TFLOP/s, 4097x128x4097 36.8 -> 77.3, 64x4097x4097 31.0 -> 32.5)
+# H200, f16, at 256 against 64: 1079x254x4866 21.8 -> 68.4 TFLOP/s, 4097x128x4097 36.8 -> 77.3, 64x4097x4097 31.0 ->
+# 32.5); and in a product that decodes (DECODE), whatever its size: its programs stream B through plain loads that
+# each wait (cp.async's fallback), slower than a copy and TMA (H200, copied against not: f16 1x4095x4096 1.30x,
+# 32x5001x2048 1.67x, 1x1001x1001 1.68x; bf16 1x50257x4096 1.16x, 10x13083x4187 1.41x, 15x3015x1163 1.62x; 4x2047x511
+# 1.01x)
 
 
 def _copies(views: list, m: int, n: int, k: int, arch: str, key) -> tuple[list, object]:
@@ -912,13 +917,14 @@ def _copies(views: list, m: int, n: int, k: int, arch: str, key) -> tuple[list, 
     views: a and b as [K, M] and [K, N]. wgmma's fp8 form reads K-contiguous tiles, so fp8 operands laid out otherwise
     are transposed (else mma.sync would take them as f16: 4096^3 with B row-major 139 TFLOP/s, Triton's 308, copied
     1165). 16-bit or fp8 operands TMA cannot copy (rows off 16-byte boundaries) are copied into aligned rows in
-    products of COPY_MIN and more (H200, with copies made ahead: 4097^3 f16 127 -> 466 TFLOP/s, fp8 80 -> 443;
-    1001^3 f16 34 -> 126; fp8 1000^3 23 -> 152): rows along K for fp8, else as the operand's."""
+    products of COPY_MIN and more, and where the product decodes (H200, with copies made ahead: 4097^3 f16 127 -> 466
+    TFLOP/s, fp8 80 -> 443; 1001^3 f16 34 -> 126; fp8 1000^3 23 -> 152): rows along K for fp8, else as the operand's."""
     out = []
     for i, v in enumerate(views):
         kmajor, fp8, item = v.stride(0) == 1, v.dtype in FP8, v.element_size()
-        if arch != "sm_90a" or not k or not (fp8 and not kmajor or item <= 2 and m * n * k >= COPY_MIN and
-                                             (n, m)[i] >= COPY_REUSE and not _tma_ready(v.t() if i == 0 else v)):
+        large = m * n * k >= COPY_MIN and (n, m)[i] >= COPY_REUSE
+        if arch != "sm_90a" or not k or not (fp8 and not kmajor or item <= 2 and (large or m <= DECODE) and
+                                             not _tma_ready(v.t() if i == 0 else v)):
             continue
         rows_k, e = fp8 or v.stride(1) != 1, max(8, 16 // item)
         src, key = _transposable(v.t() if rows_k and kmajor else v, key)

@@ -208,6 +208,25 @@ def test_operands_off_16_byte_rows_are_copied_aligned_on_hopper(device, monkeypa
 
 
 @pytest.mark.parametrize("device", devices())
+def test_decoding_copies_operands_off_16_byte_rows_whatever_the_size(device, monkeypatch):
+    """A product of at most DECODE rows streams B: on sm_90a an operand off 16-byte rows is copied into aligned rows
+    however small the product (plain loads that wait are slower than the copy and TMA), and the product matches."""
+    if device != "cpu" and ops._arch(torch.empty(0, device=device)) != "sm_90a":
+        pytest.skip("the copies are for TMA")
+    planned, plan = [], ops._matmul_plan
+    monkeypatch.setattr(ops, "_matmul_plan", lambda a, b, *rest: planned.append((a.stride(), b.stride())) or
+                        plan(a, b, *rest))
+    for m, n, k, dtype in [(1, 1001, 1001, torch.float16), (15, 3015, 1163, torch.bfloat16),
+                           (64, 73, 41, torch.float16)]:
+        a, b = torch.randn(m, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype)
+        assert [i for i, *_ in ops._copies([a.t(), b], m, n, k, "sm_90a", None)[0]] == [0, 1]
+        check(ops.matmul(a, b), reference(a, b), dtype)
+        assert planned[-1] == ((-(-k // 8) * 8, 1), (-(-n // 8) * 8, 1))
+    wide = torch.randn(65, 1001, device=device).half()  # past DECODE, a small product reads its operands as they are
+    assert ops._copies([wide.t(), wide.t()], 65, 65, 1001, "sm_90a", None)[0] == []
+
+
+@pytest.mark.parametrize("device", devices())
 def test_matmul_out_dtype(device):
     """A product in another dtype than its operands': f32 of f16 (on sm_90a, a program a tile and the persistent
     kernel, which stages the wider tile beside a slot fewer) and bf16 of f32."""
