@@ -427,3 +427,25 @@ def test_i8_dot_runs_on_the_tensor_cores(arch):
     a, b = torch.zeros(32, 64, dtype=torch.int8), torch.zeros(64, 16, dtype=torch.int8)
     sass = mod.i8dot.sass(a, b, torch.zeros(32, 16, dtype=torch.int32), BM=32, BN=16, BK=64, arch=arch)
     assert "IMMA" in sass and "LDL" not in sass
+
+
+def test_a_tile_stored_to_rows_off_16_bytes_keeps_a_warps_stores_on_consecutive_elements():
+    """A tensor-core tile that TMA cannot store goes out through shared memory in the coalesced layout: 8 halves a
+    lane where 16-byte groups fit the rows; to rows off 16 bytes (odd N, or N = 1004, 8-byte rows the analysis cannot
+    prove) one element at a time, the lanes on consecutive ones (8 halves a lane stored one by one would spread each of
+    a warp's stores over 16 sectors), while every thread keeps the rows of the 16-byte layout."""
+    from newtc import ir
+    from newtc.layout import blocked
+    m = k = 1024
+    for n in (1001, 1004):
+        a, b, c = torch.empty(m, k).half(), torch.empty(k, n).half(), torch.empty(m, n).half()
+        meta = ops._matmul_plan(a, b, 132, "sm_90a", 2)[0]
+        kernel = ops._stdlib("matmul").matmul.output((a, b, c, m, n, k, k, 1, n, 1, n, 1),
+                                                     dict(ACTIVATION="none", **meta), "ir", "sm_90a").kernel
+        (lay,) = [op.args[1].layout for op in ir.walk(kernel.body) if op.kind == "store" and op.args[1].type.shape]
+        bn, wide = meta["BN"], blocked((meta["BM"], meta["BN"]), meta["num_warps"], 8, (1, 0))
+        columns = [bit for bit in lay.lane if bit < bn]
+        assert len(columns) >= 4 and columns == [1, 2, 4, 8, 16][:len(columns)], (n, lay)
+        assert [bit for bit in wide.lane if bit < bn][:4] == [8, 16, 32, 64]
+        for held in ("reg", "lane", "warp"):
+            assert [b for b in getattr(lay, held) if b >= bn] == [b for b in getattr(wide, held) if b >= bn], held

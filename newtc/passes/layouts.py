@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .. import ir
 from ..ir import facts
-from ..layout import (Layout, axis_levels, blocked, contiguous_dim, log2, mma_acc, mma_operand, mma_warps, pair, remap,
+from ..layout import (Layout, axis_levels, axis_mask, blocked, contiguous_dim, log2, mma_acc, mma_operand, mma_warps, pair, remap,
                       rename, slice_layout, swizzled, vector, wgmma_a, wgmma_acc, wgmma_descriptor, wgmma_warps)
 from ..types import FP8, bf16, f16, f32, f8e4m3, f8e5m2, i8, i32, u8
 
@@ -165,11 +165,27 @@ class Plan:
         vec = self.vec.get(t.shape) or 16 // max(1, t.dtype.itemsize)
         return blocked(t.shape, self.k.spec.num_warps, vec, order)
 
-    def coalesced(self, ptr: ir.Value) -> Layout:
-        """The default layout of a memory access, its threads running along the pointer's most contiguous dim."""
+    def coalesced(self, ptr: ir.Value, proven: bool = False) -> Layout:
+        """The default layout of a memory access, its threads running along the pointer's most contiguous dim.
+        With `proven`, a thread's group is no wider than the analysis proves contiguous and aligned: the lanes take
+        the group's lower bits (a warp's access then covers consecutive elements), the registers the lanes' upper
+        ones, so each thread keeps its rows (and its count of row pointers)."""
         shape, f = ptr.type.shape, facts(ptr)
         order = sorted(range(len(shape)), key=lambda d: (-min(f.contig[d], shape[d]), -d))
-        return self.default(ptr.type.with_dtype(ptr.type.dtype.elem), tuple(order))
+        t = ptr.type.with_dtype(ptr.type.dtype.elem)
+        lay = self.default(t, tuple(order))
+        group = log2(vector(lay, t.dtype.itemsize)[1])
+        width = log2(min(f.contig[order[0]], max(1, f.div[order[0]] // t.dtype.itemsize)))
+        if not proven or width >= group:
+            return lay
+        fast = axis_mask(shape, order[0])
+        lanes = [i for i, b in enumerate(lay.lane) if b & fast]
+        bits = sorted(lay.reg[:group] + tuple(lay.lane[i] for i in lanes))
+        low, high = bits[width:width + len(lanes)], bits[:width] + bits[width + len(lanes):]
+        lane = list(lay.lane)
+        for i, b in zip(lanes, low):
+            lane[i] = b
+        return Layout(shape, tuple(high) + lay.reg[group:], tuple(lane), lay.warp)
 
     def free(self, v: ir.Value) -> bool:
         """Recomputed in each consumer's layout: index values and views."""
@@ -223,11 +239,14 @@ class Plan:
                 lay = self.coalesced(ptr)
                 if not self.free(val) and self.of(val) != lay:
                     # stored where it is, unless a large block would go out in narrow stores (a tensor-core
-                    # accumulator's pairs): then it goes through shared memory to the coalesced 16-byte layout
+                    # accumulator's pairs): then it goes through shared memory to the coalesced layout, in groups
+                    # no wider than proven aligned (a lane's group stored element by element spreads each of a
+                    # warp's stores over 16 sectors, where lanes on consecutive elements fill 2)
                     item = val.type.dtype.itemsize
                     own = vector(self.of(val), item)[1] * item
                     large = val.type.numel * item >= 16 * 32 * self.k.spec.num_warps
-                    lay = lay if large and own < min(8, vector(lay, item)[1] * item) else self.of(val)
+                    large = large and own < min(8, vector(lay, item)[1] * item)
+                    lay = self.coalesced(ptr, proven=True) if large else self.of(val)
                 self.want[id(op)] = [lay] * 3
             return
         if kind == "assert":  # checked where its condition is
