@@ -528,11 +528,12 @@ def load(path) -> Module:
         st = os.stat(path)
         key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
         mod = _loaded.get(key)
-        if mod is None:
-            mod = _loaded[key] = Module(Path(path).read_bytes(), str(path))
-        return mod
+        text = Path(path).read_bytes() if mod is None else b""
     except OSError as e:
         raise NkError(f"cannot read {path}: {e.strerror}") from None
+    if mod is None:  # outside the try: an OSError of the compiler's own (its grammar missing) is not the file's
+        mod = _loaded[key] = Module(text, str(path))
+    return mod
 
 
 def compile(text: str | bytes, filename: str = "<string>") -> Module:

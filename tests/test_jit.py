@@ -730,3 +730,17 @@ def test_compiled_launcher_runs_and_leaves_what_it_cannot_take_to_the_checks():
 def test_load_of_a_file_that_cannot_be_read(tmp_path, path):
     with pytest.raises(NkError, match="cannot read"):
         newtc.load(tmp_path / path)
+
+
+def test_load_reports_the_compilers_own_missing_files_as_themselves(tmp_path, monkeypatch):
+    """A file that reads fine but whose compile hits an OSError of newt's own (an install without its grammar folder)
+    says so, not "cannot read" the user's file."""
+    from newtc import jit
+    path = tmp_path / "k.nk"
+    path.write_text("kernel k(x):\n    pass\n")
+
+    def broken(*_):
+        raise FileNotFoundError("newt data folder 'grammar' not found")
+    monkeypatch.setattr(jit, "Module", broken)
+    with pytest.raises(FileNotFoundError, match="grammar"):
+        newtc.load(path)
