@@ -528,11 +528,12 @@ def load(path) -> Module:
         st = os.stat(path)
         key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
         mod = _loaded.get(key)
-        text = Path(path).read_bytes() if mod is None else b""
+        if mod is not None:
+            return mod
+        text = Path(path).read_bytes()
     except OSError as e:
         raise NkError(f"cannot read {path}: {e.strerror}") from None
-    if mod is None:  # outside the try: an OSError of the compiler's own (its grammar missing) is not the file's
-        mod = _loaded[key] = Module(text, str(path))
+    mod = _loaded[key] = Module(text, str(path))  # outside the try: an OSError of newt's own is not the file's
     return mod
 
 

@@ -115,6 +115,21 @@ def blocked(shape: tuple, num_warps: int, vec: int, order: tuple | None = None) 
     return Layout(tuple(shape), tuple(reg), tuple(lane), tuple(warp))
 
 
+def narrowed(layout: Layout, dim: int, group: int, width: int) -> Layout:
+    """The layout whose threads hold groups of 2^width consecutive elements along `dim` where `layout`'s leading
+    `group` register bits held 2^group: the lanes along dim take the lower bits of those held by the group and the
+    lanes (a warp's access then covers consecutive elements), the registers the upper ones, so each thread keeps its
+    coordinates along the other dims (and its count of row pointers)."""
+    fast = axis_mask(layout.shape, dim)
+    lanes = [i for i, b in enumerate(layout.lane) if b & fast]
+    bits = sorted(layout.reg[:group] + tuple(layout.lane[i] for i in lanes))
+    lane = list(layout.lane)
+    for i, b in zip(lanes, bits[width:width + len(lanes)]):
+        lane[i] = b
+    reg = bits[:width] + bits[width + len(lanes):] + list(layout.reg[group:])
+    return Layout(layout.shape, tuple(reg), tuple(lane), layout.warp)
+
+
 def remap(layout: Layout, shape: tuple, coord_map) -> Layout:
     """The layout, on a source block of `shape`, that feeds a view: coord_map takes a coordinate of
     the layout's block to the coordinate of the source element it reads (a linear map on bits). A shared

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from .. import ir
 from ..ir import facts
-from ..layout import (Layout, axis_levels, axis_mask, blocked, contiguous_dim, log2, mma_acc, mma_operand, mma_warps, pair, remap,
-                      rename, slice_layout, swizzled, vector, wgmma_a, wgmma_acc, wgmma_descriptor, wgmma_warps)
+from ..layout import (Layout, axis_levels, blocked, contiguous_dim, log2, mma_acc, mma_operand, mma_warps, narrowed,
+                      pair, remap, rename, slice_layout, swizzled, vector, wgmma_a, wgmma_acc, wgmma_descriptor,
+                      wgmma_warps)
 from ..types import FP8, bf16, f16, f32, f8e4m3, f8e5m2, i8, i32, u8
 
 FREE = {"splat", "arange", "broadcast", "expand_dims", "trans"}  # reshape and elementwise: free if their operands are
@@ -166,26 +167,17 @@ class Plan:
         return blocked(t.shape, self.k.spec.num_warps, vec, order)
 
     def coalesced(self, ptr: ir.Value, proven: bool = False) -> Layout:
-        """The default layout of a memory access, its threads running along the pointer's most contiguous dim.
-        With `proven`, a thread's group is no wider than the analysis proves contiguous and aligned: the lanes take
-        the group's lower bits (a warp's access then covers consecutive elements), the registers the lanes' upper
-        ones, so each thread keeps its rows (and its count of row pointers)."""
+        """The default layout of a memory access, its threads running along the pointer's most contiguous dim;
+        with `proven`, each thread's group no wider than the analysis proves contiguous and aligned (`narrowed`)."""
         shape, f = ptr.type.shape, facts(ptr)
         order = sorted(range(len(shape)), key=lambda d: (-min(f.contig[d], shape[d]), -d))
         t = ptr.type.with_dtype(ptr.type.dtype.elem)
         lay = self.default(t, tuple(order))
-        group = log2(vector(lay, t.dtype.itemsize)[1])
-        width = log2(min(f.contig[order[0]], max(1, f.div[order[0]] // t.dtype.itemsize)))
-        if not proven or width >= group:
+        if not proven:
             return lay
-        fast = axis_mask(shape, order[0])
-        lanes = [i for i, b in enumerate(lay.lane) if b & fast]
-        bits = sorted(lay.reg[:group] + tuple(lay.lane[i] for i in lanes))
-        low, high = bits[width:width + len(lanes)], bits[:width] + bits[width + len(lanes):]
-        lane = list(lay.lane)
-        for i, b in zip(lanes, low):
-            lane[i] = b
-        return Layout(shape, tuple(high) + lay.reg[group:], tuple(lane), lay.warp)
+        d, item = order[0], t.dtype.itemsize
+        group, width = log2(vector(lay, item)[1]), log2(min(f.contig[d], max(1, f.div[d] // item)))
+        return narrowed(lay, d, group, width) if width < group else lay
 
     def free(self, v: ir.Value) -> bool:
         """Recomputed in each consumer's layout: index values and views."""
@@ -245,8 +237,8 @@ class Plan:
                     item = val.type.dtype.itemsize
                     own = vector(self.of(val), item)[1] * item
                     large = val.type.numel * item >= 16 * 32 * self.k.spec.num_warps
-                    large = large and own < min(8, vector(lay, item)[1] * item)
-                    lay = self.coalesced(ptr, proven=True) if large else self.of(val)
+                    narrow = large and own < min(8, vector(lay, item)[1] * item)
+                    lay = self.coalesced(ptr, proven=True) if narrow else self.of(val)
                 self.want[id(op)] = [lay] * 3
             return
         if kind == "assert":  # checked where its condition is
