@@ -857,7 +857,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
     tensors as torch._scaled_mm takes them: one value each, or one per row of a ([M] or [M, 1]) and per column of b
     ([N] or [1, N]). On sm_90a fp8 runs at its own rate, which reads both tiles K-contiguous (a row-major, b
     column-major: b = bt.t(), as torch._scaled_mm takes it): other layouts are copied so first; and in large
-    products, operands whose rows sit off 16 bytes (which TMA cannot copy) are first copied into aligned rows."""
+    products or long K loops, operands whose rows sit off 16 bytes (which TMA cannot copy) are first copied into aligned
+    rows."""
     key = ("matmul", a.shape, a.stride(), a.dtype, b.shape, b.stride(), b.dtype, a.get_device(), activation,
            *((t.shape, t.stride(), t.dtype) if t is not None else None for t in (bias, scale_a, scale_b)), out_dtype)
     bound = _fast.get(key)
@@ -908,7 +909,11 @@ COPY_REUSE = 64  # ... if the product's other side is this wide at least (the co
 # 32.5); and in a product that decodes (DECODE), whatever its size: its programs stream B through plain loads that
 # each wait (cp.async's fallback), slower than a copy and TMA (H200, copied against not: f16 1x4095x4096 1.30x,
 # 32x5001x2048 1.67x, 1x1001x1001 1.68x; bf16 1x50257x4096 1.16x, 10x13083x4187 1.41x, 15x3015x1163 1.62x; 4x2047x511
-# 1.01x)
+# 1.01x); and where the product's K loop takes COPY_STEPS steps of 128 bytes or more, whatever its size:
+COPY_STEPS = 4  # each step of the fallback waits for its loads, where the copy's fixed cost (a launch) is paid once
+# (H200, 50 products of 65-7924 rows and 16-6441 columns off 16 bytes, copied against not: 27 of 4 steps and more
+# 1.10-3.92x, 654x16x490 1.73x, 257x178x1037 2.64x; 7 of 3 steps 0.85-1.15x; 16 of 1 or 2 steps 0.55-0.84x, but fp8
+# 4534x87x152 1.28x)
 
 
 def _copies(views: list, m: int, n: int, k: int, arch: str, key) -> tuple[list, object]:
@@ -917,12 +922,13 @@ def _copies(views: list, m: int, n: int, k: int, arch: str, key) -> tuple[list, 
     views: a and b as [K, M] and [K, N]. wgmma's fp8 form reads K-contiguous tiles, so fp8 operands laid out otherwise
     are transposed (else mma.sync would take them as f16: 4096^3 with B row-major 139 TFLOP/s, Triton's 308, copied
     1165). 16-bit or fp8 operands TMA cannot copy (rows off 16-byte boundaries) are copied into aligned rows in
-    products of COPY_MIN and more, and where the product decodes (H200, with copies made ahead: 4097^3 f16 127 -> 466
-    TFLOP/s, fp8 80 -> 443; 1001^3 f16 34 -> 126; fp8 1000^3 23 -> 152): rows along K for fp8, else as the operand's."""
+    products of COPY_MIN and more, in K loops of COPY_STEPS and more, and where the product decodes (H200, with copies
+    made ahead: 4097^3 f16 127 -> 466 TFLOP/s, fp8 80 -> 443; 1001^3 f16 34 -> 126; fp8 1000^3 23 -> 152): rows along K
+    for fp8, else as the operand's."""
     out = []
     for i, v in enumerate(views):
         kmajor, fp8, item = v.stride(0) == 1, v.dtype in FP8, v.element_size()
-        large = m * n * k >= COPY_MIN and (n, m)[i] >= COPY_REUSE
+        large = m * n * k >= COPY_MIN and (n, m)[i] >= COPY_REUSE or _cdiv(k * item, 128) >= COPY_STEPS
         if arch != "sm_90a" or not k or not (fp8 and not kmajor or item <= 2 and (large or m <= DECODE) and
                                              not _tma_ready(v.t() if i == 0 else v)):
             continue

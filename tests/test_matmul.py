@@ -184,9 +184,14 @@ def test_fp8_operands_are_copied_k_contiguous_on_hopper(device, monkeypatch):
 def test_operands_off_16_byte_rows_are_copied_aligned_on_hopper(device, monkeypatch):
     """On sm_90a the operands of a large product whose rows TMA cannot copy (off 16-byte boundaries) are first copied
     into aligned rows, laid out as they are (A row-major, B row-major or column-major; fp8 along K), and the product
-    is planned on the copies (on the CPU, the size limits lowered); a small product reads them as they are."""
+    is planned on the copies (on the CPU, the size limits lowered); so are those of a small product of a long K loop (4
+    steps of 128 bytes: 654x16x490 copies A, whose rows are 980 bytes apart, not B's of 32); one of a short K loop
+    reads them as they are."""
     small = torch.randn(100, 101, device=device).half()
     assert ops._copies([small.t(), small.t()], 100, 100, 101, "sm_90a", None)[0] == []
+    a, b = torch.randn(654, 490, device=device).bfloat16(), torch.randn(490, 16, device=device).bfloat16()
+    assert [i for i, *_ in ops._copies([a.t(), b], 654, 16, 490, "sm_90a", None)[0]] == [0]
+    check(ops.matmul(a, b), reference(a, b), torch.bfloat16)
     planned, plan = [], ops._matmul_plan
     monkeypatch.setattr(ops, "_matmul_plan", lambda a, b, *rest: planned.append((a.stride(), b.stride())) or
                         plan(a, b, *rest))
@@ -222,8 +227,8 @@ def test_decoding_copies_operands_off_16_byte_rows_whatever_the_size(device, mon
         assert [i for i, *_ in ops._copies([a.t(), b], m, n, k, "sm_90a", None)[0]] == [0, 1]
         check(ops.matmul(a, b), reference(a, b), dtype)
         assert planned[-1] == ((-(-k // 8) * 8, 1), (-(-n // 8) * 8, 1))
-    wide = torch.randn(65, 1001, device=device).half()  # past DECODE, a small product reads its operands as they are
-    assert ops._copies([wide.t(), wide.t()], 65, 65, 1001, "sm_90a", None)[0] == []
+    wide = torch.randn(65, 101, device=device).half()  # past DECODE, a small product of a short K loop reads its
+    assert ops._copies([wide.t(), wide.t()], 65, 65, 101, "sm_90a", None)[0] == []  # operands as they are
 
 
 @pytest.mark.parametrize("device", devices())
@@ -449,3 +454,18 @@ def test_a_tile_stored_to_rows_off_16_bytes_keeps_a_warps_stores_on_consecutive_
         assert [bit for bit in wide.lane if bit < bn][:4] == [8, 16, 32, 64]
         for held in ("reg", "lane", "warp"):
             assert [b for b in getattr(lay, held) if b >= bn] == [b for b in getattr(wide, held) if b >= bn], held
+
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, FP8[0]])
+def test_rows_off_16_bytes_match_torch(dtype, monkeypatch):
+    """Operands read as they are (the aligned copies off) with rows 2 to 14 bytes off 16 go through cp.async's run-time
+    checked fallback (rows of a warp on and off 16 bytes, K's end inside a group of 16 bytes); decoding too."""
+    monkeypatch.setattr(ops, "_copies", lambda views, m, n, k, arch, key: ([], key))
+    fp8 = dtype in FP8
+    for m, n, k in [(654, 16, 490), (300, 70, 130), (257, 40, 131), (130, 98, 202), (8, 1002, 1002), (3, 515, 77)]:
+        a = torch.randn(m, k, device="cuda").to(dtype)
+        b = torch.randn(n, k, device="cuda").to(dtype).t() if fp8 else torch.randn(k, n, device="cuda").to(dtype)
+        out = ops.matmul(a, b, out_dtype=torch.float32)
+        check(out, reference(a, b), torch.float32)
