@@ -75,14 +75,14 @@ def matmul_case(rng: random.Random) -> str:
                   torch.rand(n if scales == "rows" else 1, device="cuda") + 0.5)
     what = (f"{m}x{n}x{k} {str(dtype)[6:]} a {la} b {lb} out {str(result)[6:]} bias {bias is not None} "
             f"{activation} scales {scales}")
-    got = ops.matmul(a, b, bias, activation, out_dtype=out, scale_a=sa, scale_b=sb)
+    got = [ops.matmul(a, b, bias, activation, out_dtype=out, scale_a=sa, scale_b=sb) for _ in range(2)]
     ref = a.double() @ b.double()
     if sa is not None:
         ref = ref * sa.double().reshape(-1, 1) * sb.double().reshape(1, -1)
     if bias is not None:
         ref = ref + bias.double()
     ref = {None: ref, "relu": torch.relu(ref), "gelu": F.gelu(ref)}[activation]
-    assert got.dtype == result, f"{what}: {got.dtype}"
+    assert got[0].dtype == result, f"{what}: {got[0].dtype}"
     return check(got, ref, TOL[result], what)
 
 
@@ -97,18 +97,19 @@ def row_case(rng: random.Random) -> str:
     w, bias = torch.randn(n, device="cuda").to(dtype), rng.choice([None, torch.randn(n, device="cuda").to(dtype)])
     target = torch.randint(0, n, (rows,), device="cuda")
     xd = x.double()
-    got, ref = {
+    run = {
         "softmax": lambda: (ops.softmax(x), torch.softmax(xd, -1)),
         "log_softmax": lambda: (ops.log_softmax(x), torch.log_softmax(xd, -1)),
         "layernorm": lambda: (ops.layernorm(x, w, bias), F.layer_norm(xd, (n,), w.double(),
                                                                      None if bias is None else bias.double(), 1e-5)),
         "rmsnorm": lambda: (ops.rmsnorm(x, w), F.rms_norm(xd, (n,), w.double(), 1e-6)),
         "cross_entropy": lambda: (ops.cross_entropy(x, target), F.cross_entropy(xd, target, reduction="none")),
-    }[op]()
+    }[op]
+    (first, ref), (second, _) = run(), run()
     what = f"{op} {rows}x{n} {str(dtype)[6:]} {how} bias {bias is not None}"
     # log-space results are differences of logits, exact only to the logits' rounding (test_ops.check_row_ops)
     floor = xd.abs().max().item() if op in ("log_softmax", "cross_entropy") else 1e-12
-    return check(got, ref, {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[
+    return check([first, second], ref, {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[
         torch.float32 if op == "cross_entropy" else dtype], what, floor)
 
 
@@ -121,16 +122,18 @@ def elementwise_case(rng: random.Random) -> str:
     op = rng.choice(["add", "add row", "bias_gelu", "transpose", "sum", "mean", "amax"])
     y = laid_out(rng, rows, n, dtype)[0] if op == "add" else torch.randn(n, device="cuda").to(dtype)
     xd, yd = x.double(), y.double()
-    got, ref = {
+    run = {
         "add": lambda: (ops.add(x, y), xd + yd), "add row": lambda: (ops.add(x, y), xd + yd),
         "bias_gelu": lambda: (ops.bias_gelu(x, y), F.gelu(xd + yd)), "transpose": lambda: (ops.transpose(x), xd.t()),
         "sum": lambda: (ops.sum(x), xd.sum(-1)), "mean": lambda: (ops.mean(x), xd.mean(-1)),
         "amax": lambda: (ops.amax(x), xd.amax(-1)),
-    }[op]()
+    }[op]
+    (first, ref), (second, _) = run(), run()
     what = f"{op} {rows}x{n} {str(dtype)[6:]} {how}"
     # sums of random signs can nearly cancel: their errors are against the rows' norm (test_ops.test_reductions)
     floor = xd.norm().item() / (n if op == "mean" else 1) if op in ("sum", "mean") else 1e-12
-    return check(got, ref, {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype], what, floor)
+    return check([first, second], ref, {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype], what,
+                 floor)
 
 
 def attention_case(rng: random.Random) -> str:
@@ -154,18 +157,22 @@ def attention_case(rng: random.Random) -> str:
     g = torch.randn_like(o)
     o.backward(g)
     ref, grads = sdpa_grads(q, k, v, g, causal, scale)
-    check(o, ref.double(), 5e-3 if dtype == torch.float16 else 2e-2, what)
+    check([o], ref.double(), 5e-3 if dtype == torch.float16 else 2e-2, what)
     floor = 1e-3 * grads[2].norm().item()  # dq and dk are 0 where each row sees one key: rounding is all they hold
     for name, x, r in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), grads):
-        check(x, r.double(), GRAD_TOL[dtype], f"{what} {name}", floor)
+        check([x], r.double(), GRAD_TOL[dtype], f"{what} {name}", floor)
     return what
 
 
-def check(got: torch.Tensor, ref: torch.Tensor, tol: float, what: str, floor: float = 1e-30) -> str:
-    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)}, expected {tuple(ref.shape)}"
-    assert torch.isfinite(got.float()).all(), f"{what}: unwritten (NaN) or overflowed elements"
-    err = ((got.double() - ref).norm() / ref.norm().clamp_min(floor)).item()
-    assert err < tol, f"{what}: relative error {err:.2e}"
+def check(got: list, ref: torch.Tensor, tol: float, what: str, floor: float = 1e-30) -> str:
+    """Each result of a case (the first call through the general path, a second one through the bound path that the
+    first left for its key) against the reference."""
+    for call, out in enumerate(got):
+        where = f"{what} (call {call + 1})"
+        assert out.shape == ref.shape, f"{where}: shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
+        assert torch.isfinite(out.float()).all(), f"{where}: unwritten (NaN) or overflowed elements"
+        err = ((out.double() - ref).norm() / ref.norm().clamp_min(floor)).item()
+        assert err < tol, f"{where}: relative error {err:.2e}"
     return what
 
 
