@@ -1,4 +1,5 @@
-"""Shared test configuration: tests marked `gpu` are skipped on a machine without a CUDA GPU."""
+"""Shared test configuration: tests marked `gpu` are skipped on a machine without a CUDA GPU; the fixture that
+poisons what the ops allocate."""
 import pytest
 
 
@@ -11,3 +12,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Every tensor the ops allocate starts as NaN (or -1), so an element the kernel fails to write shows."""
+    from newtc import ops
+    for name in ("empty", "empty_like", "empty_strided"):
+        real = getattr(ops.torch, name)
+
+        def poisoned(*args, _real=real, **kwargs):
+            t = _real(*args, **kwargs)
+            return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-1)
+        monkeypatch.setattr(ops.torch, name, poisoned)

@@ -18,23 +18,13 @@ import torch.nn.functional as F
 
 from newtc import ops
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_outputs")]  # conftest.py
 SEED = int(os.environ.get("NEWT_RANDOM_SEED", random.SystemRandom().randrange(2**32)))
 CASES = os.environ.get("NEWT_RANDOM_CASES")  # else 40 of each kind, 10 attentions (each compiles three kernels)
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 # relative Frobenius error: tf32 and 16-bit outputs round (test_matmul.TOL); fp8 products are exact sums rounded once
 TOL = {torch.float32: 3e-3, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
-
-
-@pytest.fixture(autouse=True)
-def poisoned_outputs(monkeypatch):
-    for name in ("empty", "empty_like", "empty_strided"):
-        real = getattr(torch, name)
-
-        def poisoned(*args, _real=real, **kwargs):
-            t = _real(*args, **kwargs)
-            return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-1)
-        monkeypatch.setattr(ops.torch, name, poisoned)
+ROW_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}  # the other ops' (test_ops.TOL)
 
 
 def side(rng: random.Random, lo: int = 1, hi: int = 6000) -> int:
@@ -86,12 +76,18 @@ def matmul_case(rng: random.Random) -> str:
     return check(got, ref, TOL[result], what)
 
 
-def row_case(rng: random.Random) -> str:
+def rows_of(rng: random.Random, widest: int, most: int) -> tuple[torch.Tensor, str]:
+    """Rows (up to 5000 of up to `widest` elements, at most `most` in all) laid out at random."""
     dtype = rng.choice([torch.float32, torch.float16, torch.bfloat16])
-    rows, n = side(rng, 1, 5000), side(rng, 1, 140000)
-    while rows * n > 2**26:
+    rows, n = side(rng, 1, 5000), side(rng, 1, widest)
+    while rows * n > most:
         rows = max(1, rows // 2)
-    x, how = laid_out(rng, rows, n, dtype)
+    return laid_out(rng, rows, n, dtype)
+
+
+def row_case(rng: random.Random) -> str:
+    x, how = rows_of(rng, 140000, 2**26)
+    (rows, n), dtype = x.shape, x.dtype
     x.mul_(3).add_(1)  # in place: the layout stays
     op = rng.choice(["softmax", "log_softmax", "layernorm", "rmsnorm", "cross_entropy"])
     w, bias = torch.randn(n, device="cuda").to(dtype), rng.choice([None, torch.randn(n, device="cuda").to(dtype)])
@@ -109,16 +105,12 @@ def row_case(rng: random.Random) -> str:
     what = f"{op} {rows}x{n} {str(dtype)[6:]} {how} bias {bias is not None}"
     # log-space results are differences of logits, exact only to the logits' rounding (test_ops.check_row_ops)
     floor = xd.abs().max().item() if op in ("log_softmax", "cross_entropy") else 1e-12
-    return check([first, second], ref, {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[
-        torch.float32 if op == "cross_entropy" else dtype], what, floor)
+    return check([first, second], ref, ROW_TOL[torch.float32 if op == "cross_entropy" else dtype], what, floor)
 
 
 def elementwise_case(rng: random.Random) -> str:
-    dtype = rng.choice([torch.float32, torch.float16, torch.bfloat16])
-    rows, n = side(rng, 1, 5000), side(rng, 1, 70000)
-    while rows * n > 2**25:
-        rows = max(1, rows // 2)
-    x, how = laid_out(rng, rows, n, dtype)
+    x, how = rows_of(rng, 70000, 2**25)
+    (rows, n), dtype = x.shape, x.dtype
     op = rng.choice(["add", "add row", "bias_gelu", "transpose", "sum", "mean", "amax"])
     y = laid_out(rng, rows, n, dtype)[0] if op == "add" else torch.randn(n, device="cuda").to(dtype)
     xd, yd = x.double(), y.double()
@@ -132,8 +124,7 @@ def elementwise_case(rng: random.Random) -> str:
     what = f"{op} {rows}x{n} {str(dtype)[6:]} {how}"
     # sums of random signs can nearly cancel: their errors are against the rows' norm (test_ops.test_reductions)
     floor = xd.norm().item() / (n if op == "mean" else 1) if op in ("sum", "mean") else 1e-12
-    return check([first, second], ref, {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype], what,
-                 floor)
+    return check([first, second], ref, ROW_TOL[dtype], what, floor)
 
 
 def attention_case(rng: random.Random) -> str:
