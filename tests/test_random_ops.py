@@ -1,4 +1,5 @@
-"""newtc.ops on shapes, layouts and options drawn at random, against torch in float64 (marker gpu).
+"""newtc.ops on shapes, layouts and options drawn at random, against torch in float64: in the interpreter on the CPU
+(every size limit its square root there: it runs a program at a time in Python) and on the GPU (marker gpu).
 
 The fixed shapes of test_ops and test_matmul pin each plan; these draw what a user might pass instead, so that a plan,
 a copy or a specialization that only some shapes reach is met: sides log-uniform over 1-6000, operands transposed,
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 
 from newtc import ops
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_outputs")]  # conftest.py
+pytestmark = pytest.mark.usefixtures("poisoned_outputs")  # conftest.py
 SEED = int(os.environ.get("NEWT_RANDOM_SEED", random.SystemRandom().randrange(2**32)))
 CASES = os.environ.get("NEWT_RANDOM_CASES")  # else 40 of each kind, 10 attentions (each compiles three kernels)
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -27,42 +28,62 @@ TOL = {torch.float32: 3e-3, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
 ROW_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}  # the other ops' (test_ops.TOL)
 
 
-def side(rng: random.Random, lo: int = 1, hi: int = 6000) -> int:
-    return round(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+class Draw(random.Random):
+    """The draws of one kind of case on one device."""
+
+    def __init__(self, kind: str, device: str):
+        super().__init__(f"{SEED}-{kind}")
+        self.device = device
+
+    def limit(self, n: int) -> int:
+        return n if self.device == "cuda" else max(2, math.isqrt(n))
+
+    def side(self, lo: int, hi: int) -> int:
+        """Log-uniform from lo to hi (its limit on this device)."""
+        return round(math.exp(self.uniform(math.log(lo), math.log(self.limit(hi)))))
+
+    def randn(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.randn(*shape, device=self.device).to(dtype)
+
+    def laid_out(self, rows: int, cols: int, dtype: torch.dtype) -> tuple[torch.Tensor, str]:
+        """A [rows, cols] tensor of random values, in one of the layouts a caller might hand over."""
+        how = self.choice(["rows", "rows", "columns", "wider", "shifted"])
+        if how == "columns":
+            return self.randn(cols, rows, dtype=dtype).t(), how
+        if how == "wider":  # rows further apart than their length
+            return self.randn(rows, cols + self.randint(1, 40), dtype=dtype)[:, :cols], how
+        if how == "shifted":  # the first element off 16 bytes
+            shift = self.randint(1, 7)
+            return self.randn(rows * cols + shift, dtype=dtype)[shift:].view(rows, cols), how
+        return self.randn(rows, cols, dtype=dtype), how
+
+    def rows(self, widest: int, most: int) -> tuple[torch.Tensor, str]:
+        """Rows (up to 5000 of up to `widest` elements, at most `most` in all) laid out at random."""
+        dtype = self.choice([torch.float32, torch.float16, torch.bfloat16])
+        rows, n = self.side(1, 5000), self.side(1, widest)
+        while rows * n > self.limit(most):
+            rows = max(1, rows // 2)
+        return self.laid_out(rows, n, dtype)
 
 
-def laid_out(rng: random.Random, rows: int, cols: int, dtype: torch.dtype) -> tuple[torch.Tensor, str]:
-    """A [rows, cols] tensor of random values, in one of the layouts a caller might hand over."""
-    how = rng.choice(["rows", "rows", "columns", "wider", "shifted"])
-    make = lambda *shape: torch.randn(*shape, device="cuda").to(dtype)  # noqa: E731
-    if how == "columns":
-        return make(cols, rows).t(), how
-    if how == "wider":  # rows further apart than their length
-        return make(rows, cols + rng.randint(1, 40))[:, :cols], how
-    if how == "shifted":  # the first element off 16 bytes
-        shift = rng.randint(1, 7)
-        return make(rows * cols + shift)[shift:].view(rows, cols), how
-    return make(rows, cols), how
-
-
-def matmul_case(rng: random.Random) -> str:
-    dtype = rng.choice([torch.float16, torch.bfloat16, torch.float32, *FP8])
+def matmul_case(d: Draw) -> str:
+    dtype = d.choice([torch.float16, torch.bfloat16, torch.float32, *FP8])
     while True:
-        m, n, k = side(rng), side(rng), side(rng)
-        if m * n * k <= 2**32:
+        m, n, k = d.side(1, 6000), d.side(1, 6000), d.side(1, 6000)
+        if m * n * k <= d.limit(2**32):
             break
-    a, la = laid_out(rng, m, k, dtype)
-    b, lb = laid_out(rng, k, n, dtype)
+    a, la = d.laid_out(m, k, dtype)
+    b, lb = d.laid_out(k, n, dtype)
     fp8 = dtype in FP8
-    out = rng.choice([None, torch.float32])
+    out = d.choice([None, torch.float32])
     result = out or (torch.bfloat16 if fp8 else dtype)
-    bias = rng.choice([None, torch.randn(n, device="cuda").to(result)])
-    activation = rng.choice([None, "relu", "gelu"])
-    scales = rng.choice([None, "one", "rows"]) if fp8 else None
+    bias = d.choice([None, d.randn(n, dtype=result)])
+    activation = d.choice([None, "relu", "gelu"])
+    scales = d.choice([None, "one", "rows"]) if fp8 else None
     sa = sb = None
     if scales:
-        sa, sb = (torch.rand(m if scales == "rows" else 1, device="cuda") + 0.5,
-                  torch.rand(n if scales == "rows" else 1, device="cuda") + 0.5)
+        sa, sb = (torch.rand(m if scales == "rows" else 1, device=d.device) + 0.5,
+                  torch.rand(n if scales == "rows" else 1, device=d.device) + 0.5)
     what = (f"{m}x{n}x{k} {str(dtype)[6:]} a {la} b {lb} out {str(result)[6:]} bias {bias is not None} "
             f"{activation} scales {scales}")
     got = [ops.matmul(a, b, bias, activation, out_dtype=out, scale_a=sa, scale_b=sb) for _ in range(2)]
@@ -76,22 +97,13 @@ def matmul_case(rng: random.Random) -> str:
     return check(got, ref, TOL[result], what)
 
 
-def rows_of(rng: random.Random, widest: int, most: int) -> tuple[torch.Tensor, str]:
-    """Rows (up to 5000 of up to `widest` elements, at most `most` in all) laid out at random."""
-    dtype = rng.choice([torch.float32, torch.float16, torch.bfloat16])
-    rows, n = side(rng, 1, 5000), side(rng, 1, widest)
-    while rows * n > most:
-        rows = max(1, rows // 2)
-    return laid_out(rng, rows, n, dtype)
-
-
-def row_case(rng: random.Random) -> str:
-    x, how = rows_of(rng, 140000, 2**26)
+def row_case(d: Draw) -> str:
+    x, how = d.rows(140000, 2**26)
     (rows, n), dtype = x.shape, x.dtype
     x.mul_(3).add_(1)  # in place: the layout stays
-    op = rng.choice(["softmax", "log_softmax", "layernorm", "rmsnorm", "cross_entropy"])
-    w, bias = torch.randn(n, device="cuda").to(dtype), rng.choice([None, torch.randn(n, device="cuda").to(dtype)])
-    target = torch.randint(0, n, (rows,), device="cuda")
+    op = d.choice(["softmax", "log_softmax", "layernorm", "rmsnorm", "cross_entropy"])
+    w, bias = d.randn(n, dtype=dtype), d.choice([None, d.randn(n, dtype=dtype)])
+    target = torch.randint(0, n, (rows,), device=d.device)
     xd = x.double()
     run = {
         "softmax": lambda: (ops.softmax(x), torch.softmax(xd, -1)),
@@ -108,11 +120,11 @@ def row_case(rng: random.Random) -> str:
     return check([first, second], ref, ROW_TOL[torch.float32 if op == "cross_entropy" else dtype], what, floor)
 
 
-def elementwise_case(rng: random.Random) -> str:
-    x, how = rows_of(rng, 70000, 2**25)
+def elementwise_case(d: Draw) -> str:
+    x, how = d.rows(70000, 2**25)
     (rows, n), dtype = x.shape, x.dtype
-    op = rng.choice(["add", "add row", "bias_gelu", "transpose", "sum", "mean", "amax"])
-    y = laid_out(rng, rows, n, dtype)[0] if op == "add" else torch.randn(n, device="cuda").to(dtype)
+    op = d.choice(["add", "add row", "bias_gelu", "transpose", "sum", "mean", "amax"])
+    y = d.laid_out(rows, n, dtype)[0] if op == "add" else d.randn(n, dtype=dtype)
     xd, yd = x.double(), y.double()
     run = {
         "add": lambda: (ops.add(x, y), xd + yd), "add row": lambda: (ops.add(x, y), xd + yd),
@@ -127,22 +139,22 @@ def elementwise_case(rng: random.Random) -> str:
     return check([first, second], ref, ROW_TOL[dtype], what, floor)
 
 
-def attention_case(rng: random.Random) -> str:
+def attention_case(d: Draw) -> str:
     from test_attention import GRAD_TOL, sdpa_grads
-    dtype = rng.choice([torch.float16, torch.bfloat16])
-    hk, group, d = rng.randint(1, 4), rng.choice([1, 2, 4]), rng.choice([64, 128, 256])
-    b, lq, lk = rng.randint(1, 3), side(rng, 1, 3000), side(rng, 1, 3000)
-    while b * hk * group * lq * lk > 2**26:
+    dtype = d.choice([torch.float16, torch.bfloat16])
+    hk, group, dim = d.randint(1, 4), d.choice([1, 2, 4]), d.choice([64, 128, 256])
+    b, lq, lk = d.randint(1, 3), d.side(1, 3000), d.side(1, 3000)
+    while b * hk * group * lq * lk > d.limit(2**26):
         lq, lk = max(1, lq // 2), max(1, lk // 2)
-    causal, scale = rng.choice([False, True]), rng.choice([None, rng.uniform(0.02, 0.3)])
-    heads_inner = rng.choice([False, True])  # (B, L, H, D) in memory, seen as (B, H, L, D): strided heads
+    causal, scale = d.choice([False, True]), d.choice([None, d.uniform(0.02, 0.3)])
+    heads_inner = d.choice([False, True])  # (B, L, H, D) in memory, seen as (B, H, L, D): strided heads
 
     def make(heads: int, length: int) -> torch.Tensor:
         if heads_inner:
-            return torch.randn(b, length, heads, d, device="cuda").to(dtype).transpose(1, 2).requires_grad_()
-        return torch.randn(b, heads, length, d, device="cuda").to(dtype).requires_grad_()
+            return d.randn(b, length, heads, dim, dtype=dtype).transpose(1, 2).requires_grad_()
+        return d.randn(b, heads, length, dim, dtype=dtype).requires_grad_()
     q, k, v = make(hk * group, lq), make(hk, lk), make(hk, lk)
-    what = f"attention b{b} h{hk * group}/{hk} {lq}x{lk} d{d} {str(dtype)[6:]} causal {causal} scale {scale} " \
+    what = f"attention b{b} h{hk * group}/{hk} {lq}x{lk} d{dim} {str(dtype)[6:]} causal {causal} scale {scale} " \
         f"heads inner {heads_inner}"
     o = ops.attention(q, k, v, causal, scale)
     g = torch.randn_like(o)
@@ -167,12 +179,17 @@ def check(got: list, ref: torch.Tensor, tol: float, what: str, floor: float = 1e
     return what
 
 
+def devices():
+    return ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("kind", [matmul_case, row_case, elementwise_case, attention_case],
                          ids=["matmul", "rows", "elementwise", "attention"])
-def test_random_cases(kind):
-    rng = random.Random(f"{SEED}-{kind.__name__}")
+def test_random_cases(kind, device):
+    draw = Draw(kind.__name__, device)
     for i in range(int(CASES or (10 if kind is attention_case else 40))):
         try:
-            kind(rng)
+            kind(draw)
         except AssertionError as e:
-            raise AssertionError(f"case {i} of NEWT_RANDOM_SEED={SEED}: {e}") from None
+            raise AssertionError(f"case {i} of NEWT_RANDOM_SEED={SEED} on {device}: {e}") from None
