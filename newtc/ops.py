@@ -928,8 +928,8 @@ def _copies(views: list, m: int, n: int, k: int, arch: str, key) -> tuple[list, 
     out = []
     for i, v in enumerate(views):
         kmajor, fp8, item = v.stride(0) == 1, v.dtype in FP8, v.element_size()
-        large = m * n * k >= COPY_MIN and (n, m)[i] >= COPY_REUSE or _cdiv(k * item, 128) >= COPY_STEPS
-        if arch != "sm_90a" or not k or not (fp8 and not kmajor or item <= 2 and (large or m <= DECODE) and
+        worth = m * n * k >= COPY_MIN and (n, m)[i] >= COPY_REUSE or _cdiv(k * item, 128) >= COPY_STEPS or m <= DECODE
+        if arch != "sm_90a" or not k or not (fp8 and not kmajor or item <= 2 and worth and
                                              not _tma_ready(v.t() if i == 0 else v)):
             continue
         rows_k, e = fp8 or v.stride(1) != 1, max(8, 16 // item)

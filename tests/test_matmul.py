@@ -10,18 +10,9 @@ import torch.nn.functional as F
 import newtc
 from newtc import ops
 
+pytestmark = pytest.mark.usefixtures("poisoned_outputs")  # conftest.py
 # relative Frobenius error: f32 runs as tf32 (10-bit mantissa), f16 and bf16 round the output
 TOL = {torch.float32: 3e-3, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
-
-
-@pytest.fixture(autouse=True)
-def poisoned_outputs(monkeypatch):
-    real = torch.empty
-
-    def poisoned(*args, **kwargs):
-        t = real(*args, **kwargs)
-        return t.fill_(float("nan") if t.is_floating_point() else -1)
-    monkeypatch.setattr(ops.torch, "empty", poisoned)
 
 
 def devices():
@@ -454,7 +445,6 @@ def test_a_tile_stored_to_rows_off_16_bytes_keeps_a_warps_stores_on_consecutive_
         assert [bit for bit in wide.lane if bit < bn][:4] == [8, 16, 32, 64]
         for held in ("reg", "lane", "warp"):
             assert [b for b in getattr(lay, held) if b >= bn] == [b for b in getattr(wide, held) if b >= bn], held
-
 
 
 @pytest.mark.gpu

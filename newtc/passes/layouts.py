@@ -166,17 +166,19 @@ class Plan:
         vec = self.vec.get(t.shape) or 16 // max(1, t.dtype.itemsize)
         return blocked(t.shape, self.k.spec.num_warps, vec, order)
 
-    def coalesced(self, ptr: ir.Value, proven: bool = False) -> Layout:
-        """The default layout of a memory access, its threads running along the pointer's most contiguous dim;
-        with `proven`, each thread's group no wider than the analysis proves contiguous and aligned (`narrowed`)."""
+    def coalesced(self, ptr: ir.Value) -> Layout:
+        """The default layout of a memory access, its threads running along the pointer's most contiguous dim."""
         shape, f = ptr.type.shape, facts(ptr)
         order = sorted(range(len(shape)), key=lambda d: (-min(f.contig[d], shape[d]), -d))
-        t = ptr.type.with_dtype(ptr.type.dtype.elem)
-        lay = self.default(t, tuple(order))
-        if not proven:
-            return lay
-        d, item = order[0], t.dtype.itemsize
-        group, width = log2(vector(lay, item)[1]), log2(min(f.contig[d], max(1, f.div[d] // item)))
+        return self.default(ptr.type.with_dtype(ptr.type.dtype.elem), tuple(order))
+
+    @staticmethod
+    def proven(lay: Layout, ptr: ir.Value) -> Layout:
+        """`lay`, an access's layout, with each thread's group no wider than the analysis proves contiguous and
+        aligned (`narrowed`)."""
+        f, item = facts(ptr), ptr.type.dtype.elem.itemsize
+        d, g = vector(lay, item)
+        group, width = log2(g), log2(min(f.contig[d], max(1, f.div[d] // item)))
         return narrowed(lay, d, group, width) if width < group else lay
 
     def free(self, v: ir.Value) -> bool:
@@ -238,7 +240,7 @@ class Plan:
                     own = vector(self.of(val), item)[1] * item
                     large = val.type.numel * item >= 16 * 32 * self.k.spec.num_warps
                     narrow = large and own < min(8, vector(lay, item)[1] * item)
-                    lay = self.coalesced(ptr, proven=True) if narrow else self.of(val)
+                    lay = self.proven(lay, ptr) if narrow else self.of(val)
                 self.want[id(op)] = [lay] * 3
             return
         if kind == "assert":  # checked where its condition is
