@@ -57,12 +57,18 @@ class Draw(random.Random):
             return self.randn(rows * cols + shift, dtype=dtype)[shift:].view(rows, cols), how
         return self.randn(rows, cols, dtype=dtype), how
 
-    def rows(self, widest: int, most: int) -> tuple[torch.Tensor, str]:
-        """Rows (up to 5000 of up to `widest` elements, at most `most` in all) laid out at random."""
+    def rows(self, widest: int, most: int, batched: bool = True) -> tuple[torch.Tensor, str]:
+        """Rows (up to 5000 of up to `widest` elements, at most `most` in all) laid out at random; where `batched`,
+        also as [b, rows / b, n] with the batch outermost or not (a view the ops see through or copy)."""
         dtype = self.choice([torch.float32, torch.float16, torch.bfloat16])
         rows, n = self.side(1, 5000), self.side(1, widest)
         while rows * n > self.limit(most):
             rows = max(1, rows // 2)
+        if batched and self.random() < 0.25:
+            b, inner = self.randint(2, 4), self.choice([False, True])
+            x, how = self.laid_out(max(1, rows // b) * b, n, dtype)
+            x = x.unflatten(0, (-1, b)).transpose(0, 1) if inner else x.unflatten(0, (b, -1))
+            return x, f"{how} as [{b}, -1, n]{' batch inner' * inner}"
         return self.laid_out(rows, n, dtype)
 
 
@@ -92,18 +98,20 @@ def matmul_case(d: Draw) -> str:
         ref = ref * sa.double().reshape(-1, 1) * sb.double().reshape(1, -1)
     if bias is not None:
         ref = ref + bias.double()
+    floor = gelu_floor(ref) if activation == "gelu" else 1e-30
     ref = {None: ref, "relu": torch.relu(ref), "gelu": F.gelu(ref)}[activation]
     assert got[0].dtype == result, f"{what}: {got[0].dtype}"
-    return check(got, ref, TOL[result], what)
+    return check(got, ref, TOL[result], what, floor)
 
 
 def row_case(d: Draw) -> str:
-    x, how = d.rows(140000, 2**26)
-    (rows, n), dtype = x.shape, x.dtype
-    x.mul_(3).add_(1)  # in place: the layout stays
     op = d.choice(["softmax", "log_softmax", "layernorm", "rmsnorm", "cross_entropy"])
+    x, how = d.rows(140000, 2**26, batched=op != "cross_entropy")  # cross_entropy takes [rows, n] logits
+    *rows, n = x.shape
+    dtype = x.dtype
+    x.mul_(3).add_(1)  # in place: the layout stays
     w, bias = d.randn(n, dtype=dtype), d.choice([None, d.randn(n, dtype=dtype)])
-    target = torch.randint(0, n, (rows,), device=d.device)
+    target = torch.randint(0, n, rows, device=d.device)
     xd = x.double()
     run = {
         "softmax": lambda: (ops.softmax(x), torch.softmax(xd, -1)),
@@ -114,17 +122,17 @@ def row_case(d: Draw) -> str:
         "cross_entropy": lambda: (ops.cross_entropy(x, target), F.cross_entropy(xd, target, reduction="none")),
     }[op]
     (first, ref), (second, _) = run(), run()
-    what = f"{op} {rows}x{n} {str(dtype)[6:]} {how} bias {bias is not None}"
+    what = f"{op} {'x'.join(map(str, x.shape))} {str(dtype)[6:]} {how} bias {bias is not None}"
     # log-space results are differences of logits, exact only to the logits' rounding (test_ops.check_row_ops)
     floor = xd.abs().max().item() if op in ("log_softmax", "cross_entropy") else 1e-12
     return check([first, second], ref, ROW_TOL[torch.float32 if op == "cross_entropy" else dtype], what, floor)
 
 
 def elementwise_case(d: Draw) -> str:
-    x, how = d.rows(70000, 2**25)
-    (rows, n), dtype = x.shape, x.dtype
     op = d.choice(["add", "add row", "bias_gelu", "transpose", "sum", "mean", "amax"])
-    y = d.laid_out(rows, n, dtype)[0] if op == "add" else d.randn(n, dtype=dtype)
+    x, how = d.rows(70000, 2**25, batched=op not in ("add", "transpose"))  # transpose takes 2-D tensors
+    n, dtype = x.shape[-1], x.dtype
+    y = d.laid_out(*x.shape, dtype)[0] if op == "add" else d.randn(n, dtype=dtype)
     xd, yd = x.double(), y.double()
     run = {
         "add": lambda: (ops.add(x, y), xd + yd), "add row": lambda: (ops.add(x, y), xd + yd),
@@ -133,9 +141,10 @@ def elementwise_case(d: Draw) -> str:
         "amax": lambda: (ops.amax(x), xd.amax(-1)),
     }[op]
     (first, ref), (second, _) = run(), run()
-    what = f"{op} {rows}x{n} {str(dtype)[6:]} {how}"
+    what = f"{op} {'x'.join(map(str, x.shape))} {str(dtype)[6:]} {how}"
     # sums of random signs can nearly cancel: their errors are against the rows' norm (test_ops.test_reductions)
     floor = xd.norm().item() / (n if op == "mean" else 1) if op in ("sum", "mean") else 1e-12
+    floor = gelu_floor(xd + yd) if op == "bias_gelu" else floor
     return check([first, second], ref, ROW_TOL[dtype], what, floor)
 
 
@@ -161,10 +170,33 @@ def attention_case(d: Draw) -> str:
     o.backward(g)
     ref, grads = sdpa_grads(q, k, v, g, causal, scale)
     check([o], ref.double(), 5e-3 if dtype == torch.float16 else 2e-2, what)
-    floor = 1e-3 * grads[2].norm().item()  # dq and dk are 0 where each row sees one key: rounding is all they hold
-    for name, x, r in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), grads):
+    floors = (*(t / 2 for t in terms(q, k, v, g, causal, scale)), 1e-3 * grads[2].norm().item())
+    for name, x, r, floor in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), grads, floors):
         check([x], r.double(), GRAD_TOL[dtype], f"{what} {name}", floor)
     return what
+
+
+def terms(q, k, v, g, causal: bool, scale: float | None) -> tuple[float, float]:
+    """The norms of dq and dk with their terms' magnitudes summed: scale * (P * |dP|) @ |k| and its transpose with |q|.
+    dq and dk sum dS = P * (dP - D) over keys, D = rowsum(dO * O) with O rounded to the input dtype (as in every flash
+    attention backward): where dP is near D for every key they cancel to little or nothing (0 where a row sees one
+    key), and their rounding counts against the terms, not against what is left of them."""
+    group, (lq, lk), d = q.shape[1] // k.shape[1], (q.shape[2], k.shape[2]), q.shape[3]
+    qd, kd, vd, gd = (t.detach().double() for t in (q, k, v, g))
+    kd, vd = kd.repeat_interleave(group, 1), vd.repeat_interleave(group, 1)
+    s = scale or 1 / math.sqrt(d)
+    scores = qd @ kd.transpose(-1, -2) * s
+    if causal:  # test_attention.sdpa_grads' mask
+        scores = scores.masked_fill(~torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq), -math.inf)
+    a = torch.softmax(scores, -1).nan_to_num(0) * (gd @ vd.transpose(-1, -2)).abs()
+    tk = (s * a.transpose(-1, -2) @ qd.abs()).unflatten(1, (-1, group)).sum(2)  # each K head's group of queries
+    return (s * a @ kd.abs()).norm().item(), tk.norm().item()
+
+
+def gelu_floor(x: torch.Tensor) -> float:
+    """gelu in f32, as torch's, loses relative precision in its far negative tail, where 1 + erf cancels (gelu(-6) is
+    0): there its errors count against the inputs' norm, so that a few outputs all in the tail do not fail."""
+    return 1e-3 * x.norm().item()
 
 
 def check(got: list, ref: torch.Tensor, tol: float, what: str, floor: float = 1e-30) -> str:
