@@ -529,8 +529,8 @@ def _norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, rms: bool,
 
 def _row_reduce(x: Tensor, op: str, key=None) -> Tensor:
     _float(x, op)
-    if x.numel() == 0:
-        return x.float().sum(-1).to(x.dtype) if op != "amax" else torch.amax(x, -1)
+    if x.numel() == 0:  # torch's results: 0 rows, or empty rows' 0 (sum), NaN (mean) or its error (amax)
+        return getattr(torch, op)(x, -1)
     x2 = _rows(x)
     (rows, n), block = x2.shape, min(_pow2(x2.shape[1]), 4096)
     steps = [(_stdlib("reduce").row_reduce, (rows,), (A, B, n, x2.stride(0)),

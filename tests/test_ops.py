@@ -116,6 +116,9 @@ def test_empty_inputs(device):
     x = torch.randn(0, 7, device=device)
     assert ops.softmax(x).shape == (0, 7) and ops.layernorm(x, torch.ones(7, device=device), None).shape == (0, 7)
     assert ops.cross_entropy(x, torch.zeros(0, dtype=torch.int64, device=device)).shape == (0,)
+    for y in (x, x.t()):  # no rows, and rows of nothing: torch's sums of nothing (0) and means (NaN)
+        for op in ("sum", "mean"):
+            torch.testing.assert_close(getattr(ops, op)(y), getattr(torch, op)(y, -1), equal_nan=True)
 
 
 def test_bad_arguments_are_errors():
