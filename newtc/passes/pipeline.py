@@ -19,6 +19,7 @@ from .. import ir
 from ..layout import remap, restrict, tma_boxes
 from ..types import Type, bool_, i32, u64
 from .axisinfo import analyze_axes
+from .dead import drop_dead
 from .lower import alloc
 
 PURE = ir.ELEMENTWISE | ir.VIEWS | {"arange", "const", "convert", "slot"}
@@ -692,27 +693,12 @@ def replace_uses(op: ir.Op, old: ir.Value, new: ir.Value) -> None:
             replace_uses(inner, old, new)
 
 
-def remove_dead(r: ir.Region, readers: dict) -> bool:
-    """Drop pure ops whose results nobody reads (the address ops of a load the pipeline replaced, the read-back of
-    a tile TMA stores)."""
-    changed = False
-    for op in r.ops:
-        for sub in op.regions:
-            changed |= remove_dead(sub, readers)
-    keep = [op for op in r.ops if not (op.kind in PURE | {"splat", "local_load"} and op.results
-                                         and all(not readers.get(id(v)) for v in op.results))]
-    changed |= len(keep) != len(r.ops)
-    r.ops = keep
-    return changed
-
-
 def pipeline(k: ir.Kernel) -> ir.Kernel:
     loops = any(op.attrs.get("num_stages", k.spec.num_stages) >= 2 for op in ir.walk(k.body) if op.kind == "for")
     if loops:
         Pipeliner(k).region(k.body)
     if Pipeliner(k).stores(k.body) or loops:
-        while remove_dead(k.body, ir.uses(k)):
-            pass
+        drop_dead(k)  # the address ops of a load the pipeline replaced, the read-back of a tile TMA stores
         analyze_axes(k)  # facts for the masks and addresses of later iterations
     return k
 
