@@ -3,10 +3,11 @@ gpu) compiled for the GPU, where every layout, conversion and shared-memory stag
 
 Each program tiles [R, C] tensors over a grid of BM x BN programs (R, C ragged against the tile; tiles of 1 to 128 a
 side), loads 1-3 inputs (and where's conditions) in f32, f16, bf16 or i32, each stored by rows or by columns (so that
-their loads coalesce along either dim), in wider rows or off 16 bytes, with masked lanes filled with a constant, and combines them through 3-9 random steps: arithmetic,
-where, minimum/maximum, abs, exp and sqrt, casts, reductions broadcast back, cumsum, flip, sort, trans of square
-tiles, column pairs swapped through reshape/split/join, and two chained dots (the attention pattern, f16, bf16 or f32
-"ieee" operands). It stores the last value, with every value nothing read added to it, in f32 or f16, laid out as
+their loads coalesce along either dim), in wider rows or off 16 bytes, with masked lanes filled with a constant, and
+combines them through 3-9 random steps: arithmetic, where, minimum/maximum, abs, exp and sqrt, casts, reductions
+along an axis or of the whole tile broadcast back, argmax/argmin, C's integer // and %, shifts and bits, cumsum,
+flip, sort, trans of square tiles, column pairs swapped through reshape/split/join, cat, the max of column groups
+(3-D blocks), and two chained dots (the attention pattern, f16, bf16 or f32 "ieee" operands). It stores the last value, with every value nothing read added to it, in f32 or f16, laid out as
 the inputs, under the mask.
 
 The model evaluates the same steps on every program's tile at once ([PM, PN, BM, BN] in float64, masked lanes holding
@@ -31,6 +32,7 @@ SEED = int(os.environ.get("NEWT_RANDOM_SEED", random.SystemRandom().randrange(2*
 COUNT = os.environ.get("NEWT_RANDOM_KERNELS")
 EPS = {"f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8, "i32": 0.0}
 TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "i32": torch.int32}
+LIMIT = {"i32": 2.0**30, "f16": 2.0**15}  # the magnitudes a value of these may reach (a step past them is redrawn)
 
 
 @dataclass
@@ -110,7 +112,7 @@ class Program:
         """One step on values drawn from vals; drawn again where it would overflow its dtype or not apply."""
         while True:
             made = self.draw_step(vals)
-            if made is not None and made[2] <= {"i32": 2.0**30, "f16": 2.0**15}.get(made[5], 2.0**100):
+            if made is not None and made[2] <= LIMIT.get(made[5], math.inf):
                 return self.emit(*made)
 
     def draw_step(self, vals: list):
@@ -119,7 +121,7 @@ class Program:
         a, b = r.choice(vals), r.choice(vals)
         eps, dt = max(a.eps, b.eps, EPS["f32"]), promote(a.dt, b.dt)
         kind = r.choice(["arith", "arith", "minmax", "where", "unary", "cast", "reduce", "scan", "flip", "sort",
-                         "trans", "pairs", "dots"])
+                         "trans", "pairs", "dots", "arg", "ints", "all", "cat", "groups"])
         axis = r.randint(0, 1)
         dim = 2 + axis  # the model's dim of the tile's axis
         n = (self.BM, self.BN)[axis]
@@ -152,7 +154,7 @@ class Program:
                     a.err, a.eps, a.dt)
         if kind == "cast":
             to = r.choice(["f16", "bf16", "f32"])
-            if to == "f16" and a.mag > 2.0**15:
+            if to == "f16" and a.mag > LIMIT["f16"]:
                 return None
             return f"{a.name}.to({to}).to(f32)", a.ref.to(TORCH[to]).double(), a.mag, a.err + EPS[to] * a.mag, \
                 max(a.eps, EPS[to]), "f32"
@@ -179,10 +181,45 @@ class Program:
             self.line(f"{h}a, {h}b = split(reshape({a.name}, [{self.BM}, {self.BN // 2}, 2]))")
             ref = a.ref.unflatten(3, (self.BN // 2, 2)).flip(4).flatten(3)
             return f"reshape(join({h}b, {h}a), [{self.BM}, {self.BN}])", ref, a.mag, a.err, a.eps, a.dt
+        exact = [v for v in vals if v.err == 0]  # loaded values: an index or a bit of a computed one could be another
+        if kind == "arg" and exact:  # the first among ties, as torch's
+            c, op = r.choice(exact), r.choice(["argmax", "argmin"])
+            index = (c.ref.argmax if op == "argmax" else c.ref.argmin)(dim, keepdim=True).double()
+            broadcast = "[None, :]" if axis == 0 else "[:, None]"
+            mag = n + b.mag
+            return f"{op}({c.name}, axis={axis}){broadcast} + {b.name}", index + b.ref, mag, b.err + eps * mag, eps, \
+                promote("i32", b.dt)
+        if kind == "ints" and [v for v in exact if v.dt == "i32"]:  # C's truncating // and %, shifts, bits
+            c, m = r.choice([v for v in exact if v.dt == "i32"]), r.randint(1, 5)
+            op = r.choice(["//", "%", "<<", ">>", "&", "|", "^"])
+            x = c.ref.long()
+            ref = {"//": lambda: torch.div(x, m, rounding_mode="trunc"), "%": lambda: torch.fmod(x, m),
+                   "<<": lambda: x << m, ">>": lambda: x >> m, "&": lambda: x & m, "|": lambda: x | m,
+                   "^": lambda: x ^ m}[op]()
+            return f"{c.name} {op} {m}", ref.double(), c.mag * 2**m if op == "<<" else c.mag + m, 0.0, 0.0, "i32"
+        if kind == "all":  # a reduction to one value, broadcast
+            op = r.choice(["sum", "max", "min"])
+            ref = {"sum": lambda t: t.sum((2, 3), keepdim=True), "max": lambda t: t.amax((2, 3), keepdim=True),
+                   "min": lambda t: t.amin((2, 3), keepdim=True)}[op](a.ref)
+            size = self.BM * self.BN if op == "sum" else 1
+            mag = size * a.mag + b.mag
+            err = size * (a.err + eps * a.mag) + b.err + eps * mag
+            return f"{op}({a.name}) + {b.name}", ref + b.ref, mag, err, eps, dt
+        if kind == "cat":  # two tiles one after the other, then summed back over the new outer dim
+            c = self.fresh()
+            self.line(f"{c} = reshape(cat({a.name}, {b.name}, dim={axis}), [2, {self.BM}, {self.BN}])" if axis == 0 else
+                      f"{c} = trans(reshape(cat({a.name}, {b.name}, dim=1), [{self.BM}, 2, {self.BN}]), 1, 0, 2)")
+            mag = a.mag + b.mag
+            return f"sum({c}, axis=0)", a.ref + b.ref, mag, a.err + b.err + eps * mag, eps, dt
+        if kind == "groups" and self.BN >= 4:  # the max of each group of 4 columns, broadcast over it: 3-D layouts
+            g = self.BN // 4
+            ref = a.ref.unflatten(3, (g, 4)).amax(4, keepdim=True).expand(-1, -1, -1, g, 4).flatten(3)
+            return f"reshape(broadcast_to(max(reshape({a.name}, [{self.BM}, {g}, 4]), axis=2)[:, :, None], " \
+                f"[{self.BM}, {g}, 4]), [{self.BM}, {self.BN}])", ref, a.mag, a.err, a.eps, a.dt
         if kind == "dots" and self.BM * self.BM <= 512 * self.warps:  # (a @ b^T) @ c, as attention's two products
             to = r.choice(["f16", "bf16", "f32"])
             c = r.choice(vals)
-            if to == "f16" and max(a.mag, b.mag, c.mag, self.BN * a.mag * b.mag) > 2.0**15:
+            if to == "f16" and max(a.mag, b.mag, c.mag, self.BN * a.mag * b.mag) > LIMIT["f16"]:
                 return None
             cast, prec = f".to({to})", ', input_precision="ieee"' if to == "f32" else ""
             x, y, z = (v.ref.to(TORCH[to]).double() for v in (a, b, c))
@@ -205,12 +242,12 @@ class Program:
         out = vals[-1]
         for v in vals[:-1]:  # every value reaches the output: a step nothing reads could be wrong unseen
             if v.name not in self.read:
-                x = out if out.dt != "f16" or out.mag + v.mag < 2.0**15 else self.emit(f"{out.name}.to(f32)", *(
-                    out.ref, out.mag, out.err, out.eps, "f32"))
+                x = out if out.mag + v.mag <= LIMIT.get(promote(out.dt, v.dt), math.inf) else \
+                    self.emit(f"{out.name}.to(f32)", out.ref, out.mag, out.err, out.eps, "f32")  # not to overflow
                 mag = x.mag + v.mag
                 out = self.emit(f"{x.name} + {v.name}", x.ref + v.ref, mag, x.err + v.err + max(x.eps, v.eps) * mag,
                                 max(x.eps, v.eps), promote(x.dt, v.dt))
-        odt = r.choice(["f32", "f16"]) if out.mag < 2.0**15 else "f32"
+        odt = r.choice(["f32", "f16"]) if out.mag < LIMIT["f16"] else "f32"
         addr = self.tensor_param(torch.full((self.R, self.C), float("nan"), dtype=TORCH[odt], device=self.device))
         self.lines.append(f"    store({addr}, {out.name}, mask=mask)")
         head = f"kernel k({', '.join(self.params)}, R, C, BM: constexpr, BN: constexpr):"
