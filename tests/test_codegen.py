@@ -537,6 +537,21 @@ def test_nvrtc_error_names_the_nk_line():
 
 
 # ---- f16 / bf16 through the prelude -------------------------------------------------------------
+def test_unread_values_are_dropped():
+    """Ops with no effect but their results go where nothing reads them: an unused sort of a tile (thousands of
+    lines of CUDA) and load cost nothing; the store and what it reads stay."""
+    mod = newtc.compile("""
+kernel k(x, y, out, BLOCK: constexpr):
+    offs = arange(0, BLOCK)
+    v = load(x + offs)
+    s = sort(load(y + offs) * 2.0)
+    store(out + offs, v + 1.0)
+""")
+    t = torch.randn(256)
+    text = mod.k.ir(t, t, t, BLOCK=256)
+    assert "sort" not in text and "exchange" not in text and text.count("load(") == 1 and "store(" in text
+
+
 def test_prelude_needs_no_headers():
     src = generated(by_id("add.add-f16")).source
     assert "#include" not in src
