@@ -2,12 +2,12 @@
 gpu) compiled for the GPU, where every layout, conversion and shared-memory staging of the passes is met.
 
 Each program tiles [R, C] tensors over a grid of BM x BN programs (R, C ragged against the tile; tiles of 1 to 128 a
-side), loads 1-3 inputs (and where's conditions) in f32, f16, bf16 or i32, each stored by rows or by columns (so that
-their loads coalesce along either dim), in wider rows or off 16 bytes, with masked lanes filled with a constant, and
-combines them through 3-9 random steps: arithmetic, where, minimum/maximum, abs, exp and sqrt, casts, reductions
-along an axis or of the whole tile broadcast back, argmax/argmin, C's integer // and %, shifts and bits, cumsum,
-flip, sort, trans of square tiles, column pairs swapped through reshape/split/join, cat, the max of column groups
-(3-D blocks), and two chained dots (the attention pattern, f16, bf16 or f32 "ieee" operands). It stores the last
+side), loads 1-3 inputs (and where's conditions) in f32, f16, bf16, f64, i32 or i64, each stored by rows or by
+columns (so that their loads coalesce along either dim), in wider rows or off 16 bytes, with masked lanes filled with
+a constant, and combines them through 3-9 random steps: arithmetic, where, minimum/maximum, abs, exp and sqrt, casts,
+reductions along an axis or of the whole tile broadcast back, argmax/argmin, C's integer // and %, shifts and bits,
+cumsum, flip, sort, trans of square tiles, column pairs swapped through reshape/split/join, cat, the max of column
+groups (3-D blocks), and two chained dots (the attention pattern, f16, bf16 or f32 "ieee" operands). It stores the last
 value, with every value nothing read added to it, in f32 or f16, laid out as the inputs, under the mask; or, in a
 program per BM rows that walks the columns in a runtime loop (num_stages 1-3), the sum of its tiles' rows.
 
@@ -32,11 +32,15 @@ import newtc
 
 SEED = int(os.environ.get("NEWT_RANDOM_SEED", random.SystemRandom().randrange(2**32)))
 COUNT = os.environ.get("NEWT_RANDOM_KERNELS")
-EPS = {"f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8, "i32": 0.0}
-TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "i32": torch.int32}
-TINY = {"f32": 2.0**-150, "f16": 2.0**-25, "bf16": 2.0**-134, "i32": 0.0}  # half the least subnormal: the error
-# of a rounding near 0, where the relative one does not hold (unit roundoff times magnitude, plus this)
-LIMIT = {"i32": 2.0**30, "f16": 2.0**15}  # the magnitudes a value of these may reach (a step past them is redrawn)
+# unit roundoffs (f64's twice: the model's own rounding is as large); integers are exact
+EPS = {"f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8, "f64": 2.0**-52, "i32": 0.0, "i64": 0.0}
+TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64, "i32": torch.int32,
+         "i64": torch.int64}
+TINY = {"f32": 2.0**-150, "f16": 2.0**-25, "bf16": 2.0**-134, "f64": 2.0**-1074, "i32": 0.0, "i64": 0.0}  # half the
+# least subnormal: the error of a rounding near 0, where the relative one does not hold (unit roundoff times magnitude)
+INTS = ("i32", "i64")
+# the magnitudes a value of these may reach (a step past them is redrawn): i64's, the model's exact integers
+LIMIT = {"i32": 2.0**30, "i64": 2.0**50, "f16": 2.0**15}
 
 
 @dataclass
@@ -63,7 +67,9 @@ def wider(a: str, b: str) -> str:
 
 def promote(a: str, b: str) -> str:
     """Triton's promotion of two dtypes among these."""
-    return a if a == b else b if a == "i32" else a if b == "i32" else "f32"
+    if a == b or b in INTS:
+        return "i64" if a in INTS and b != a else a
+    return b if a in INTS else "f64" if "f64" in (a, b) else "f32"
 
 
 class Program:
@@ -112,9 +118,9 @@ class Program:
 
     def leaf(self) -> Value:
         r = self.r
-        dt = r.choice(["f32", "f16", "bf16", "i32"])
-        if dt == "i32":
-            x = torch.randint(-8, 9, (self.R, self.C), device=self.device, dtype=torch.int32)
+        dt = r.choice(["f32", "f16", "bf16", "i32"] * 2 + ["f64", "i64"])
+        if dt in INTS:
+            x = torch.randint(-8, 9, (self.R, self.C), device=self.device, dtype=TORCH[dt])
         else:
             x = torch.randn(self.R, self.C, device=self.device).to(TORCH[dt])
         other = r.choice([0, 1, -2])
@@ -169,7 +175,7 @@ class Program:
                 torch.where(pick, a.abs, b.abs), torch.where(pick, a.err, b.err), dt
         if kind == "unary":
             op = r.choice(["abs", "neg", "exp", "sqrt"])
-            real = "f32" if a.dt == "i32" else a.dt  # math on integers is in f32
+            real = "f32" if a.dt in INTS else a.dt  # math on integers is in f32
             w = 4 * EPS["f32"] + EPS[real]  # the math function's error, then its result's rounding (of at most 2)
             if op == "exp":  # of at most 1, its slope at most 1
                 one = torch.ones_like(a.ref)
@@ -218,14 +224,14 @@ class Program:
             index = (c.ref.argmax if op == "argmax" else c.ref.argmin)(dim, keepdim=True).double()
             m, dt = index + b.abs, promote("i32", b.dt)
             return f"{op}({c.name}, axis={axis}){keep} + {b.name}", index + b.ref, m, b.err + rounding(dt, m), dt
-        if kind == "ints" and [v for v in exact if v.dt == "i32"]:  # C's truncating // and %, shifts, bits
-            c, m = r.choice([v for v in exact if v.dt == "i32"]), r.randint(1, 5)
+        if kind == "ints" and [v for v in exact if v.dt in INTS]:  # C's truncating // and %, shifts, bits
+            c, m = r.choice([v for v in exact if v.dt in INTS]), r.randint(1, 5)
             op = r.choice(["//", "%", "<<", ">>", "&", "|", "^"])
             x = c.ref.long()
             ref = {"//": lambda: torch.div(x, m, rounding_mode="trunc"), "%": lambda: torch.fmod(x, m),
                    "<<": lambda: x << m, ">>": lambda: x >> m, "&": lambda: x & m, "|": lambda: x | m,
                    "^": lambda: x ^ m}[op]().double()
-            return f"{c.name} {op} {m}", ref, ref.abs(), torch.zeros_like(ref), "i32"
+            return f"{c.name} {op} {m}", ref, ref.abs(), torch.zeros_like(ref), c.dt
         if kind == "all":  # a reduction to one value, broadcast
             op = r.choice(["sum", "max", "min"])
             if op == "sum":
