@@ -394,11 +394,12 @@ def _like(x: Tensor) -> tuple:
 
 # ---- the ops ----------------------------------------------------------------------------------------
 def _rows(x: Tensor) -> Tensor:
-    """x as [rows, n_cols] with unit column stride: a view where one exists, else a contiguous copy."""
+    """x as [rows, n_cols] with unit column stride: a view where one exists (rows evenly spaced, as a batch of
+    rows sliced from wider ones), else a contiguous copy."""
     if x.dim() == 2 and x.stride(1) == 1:
         return x
-    n = x.shape[-1] if x.dim() else 1
-    return x.reshape(-1, n) if x.is_contiguous() else x.contiguous().reshape(-1, n)
+    y = x.reshape(-1, x.shape[-1] if x.dim() else 1)
+    return y if y.stride(1) == 1 else y.contiguous()
 
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)

@@ -16,6 +16,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from newtc import ops
 
@@ -42,22 +43,25 @@ class Draw(random.Random):
         """Log-uniform from lo to hi (its limit on this device)."""
         return round(math.exp(self.uniform(math.log(lo), math.log(self.limit(hi)))))
 
-    def randn(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return torch.randn(*shape, device=self.device).to(dtype)
+    def randn(self, *shape: int, dtype: torch.dtype = torch.float32, values: tuple = (1.0, 0.0)) -> torch.Tensor:
+        """Normal values of the standard deviation and mean in `values`."""
+        return (torch.randn(*shape, device=self.device) * values[0] + values[1]).to(dtype)
 
-    def laid_out(self, rows: int, cols: int, dtype: torch.dtype) -> tuple[torch.Tensor, str]:
+    def laid_out(self, rows: int, cols: int, dtype: torch.dtype, values: tuple = (1.0, 0.0)) -> tuple[Tensor, str]:
         """A [rows, cols] tensor of random values, in one of the layouts a caller might hand over."""
-        how = self.choice(["rows", "rows", "columns", "wider", "shifted"])
+        how = self.choice(["rows", "rows", "columns", "wider", "shifted", "repeated"])
+        if how == "repeated":  # one row seen rows times (a row stride of 0, as expand makes)
+            return self.randn(1, cols, dtype=dtype, values=values).expand(rows, cols), how
         if how == "columns":
-            return self.randn(cols, rows, dtype=dtype).t(), how
+            return self.randn(cols, rows, dtype=dtype, values=values).t(), how
         if how == "wider":  # rows further apart than their length
-            return self.randn(rows, cols + self.randint(1, 40), dtype=dtype)[:, :cols], how
+            return self.randn(rows, cols + self.randint(1, 40), dtype=dtype, values=values)[:, :cols], how
         if how == "shifted":  # the first element off 16 bytes
             shift = self.randint(1, 7)
-            return self.randn(rows * cols + shift, dtype=dtype)[shift:].view(rows, cols), how
-        return self.randn(rows, cols, dtype=dtype), how
+            return self.randn(rows * cols + shift, dtype=dtype, values=values)[shift:].view(rows, cols), how
+        return self.randn(rows, cols, dtype=dtype, values=values), how
 
-    def rows(self, widest: int, most: int, batched: bool = True) -> tuple[torch.Tensor, str]:
+    def rows(self, widest: int, most: int, batched: bool = True, values: tuple = (1.0, 0.0)) -> tuple[Tensor, str]:
         """Rows (up to 5000 of up to `widest` elements, at most `most` in all) laid out at random; where `batched`,
         also as [b, rows / b, n] with the batch outermost or not (a view the ops see through or copy)."""
         dtype = self.choice([torch.float32, torch.float16, torch.bfloat16])
@@ -66,10 +70,10 @@ class Draw(random.Random):
             rows = max(1, rows // 2)
         if batched and self.random() < 0.25:
             b, inner = self.randint(2, 4), self.choice([False, True])
-            x, how = self.laid_out(max(1, rows // b) * b, n, dtype)
+            x, how = self.laid_out(max(1, rows // b) * b, n, dtype, values)
             x = x.unflatten(0, (-1, b)).transpose(0, 1) if inner else x.unflatten(0, (b, -1))
             return x, f"{how} as [{b}, -1, n]{' batch inner' * inner}"
-        return self.laid_out(rows, n, dtype)
+        return self.laid_out(rows, n, dtype, values)
 
 
 def matmul_case(d: Draw) -> str:
@@ -106,10 +110,9 @@ def matmul_case(d: Draw) -> str:
 
 def row_case(d: Draw) -> str:
     op = d.choice(["softmax", "log_softmax", "layernorm", "rmsnorm", "cross_entropy"])
-    x, how = d.rows(140000, 2**26, batched=op != "cross_entropy")  # cross_entropy takes [rows, n] logits
+    x, how = d.rows(140000, 2**26, batched=op != "cross_entropy", values=(3.0, 1.0))  # [rows, n] logits
     *rows, n = x.shape
     dtype = x.dtype
-    x.mul_(3).add_(1)  # in place: the layout stays
     w, bias = d.randn(n, dtype=dtype), d.choice([None, d.randn(n, dtype=dtype)])
     target = torch.randint(0, n, rows, device=d.device)
     xd = x.double()
