@@ -1525,6 +1525,8 @@ def _dot(c: Checker, span, a, b, acc=None, input_precision="tf32"):
 @builtin("static_assert")
 def _static_assert(c: Checker, span, cond, msg=""):
     cond = c.constexpr(cond, "a static_assert condition", span)
+    if not isinstance(msg, str):
+        raise NkError("static_assert's message is a string", span, 'e.g. static_assert(BLOCK >= 16, "BLOCK >= 16")')
     if not cond:
         raise NkError(f"static_assert failed{': ' + msg if msg else ''}", span)
 

@@ -258,6 +258,11 @@ def test_static_assert_needs_a_constant():
         typed("static_assert(n > 0)\n", {"n": i32})
 
 
+def test_static_assert_message_is_a_string():  # a mutant of the fuzzer's: a constexpr in its place was a TypeError
+    with pytest.raises(NkError, match="message is a string"):
+        typed("static_assert(B > 0, B)\n", constexprs={"B": 8})
+
+
 # ---- helpers ----------------------------------------------------------------------------------------
 def test_helpers_are_inlined():
     k = typed("""\
