@@ -27,15 +27,21 @@ def forward(q, k, v, causal, bm, bn, warps, stages):
     return o, lse
 
 
+def scores(q, k, causal, scale=None):
+    """q @ k^T * scale in f64, k repeated over each GQA group; -inf where the causal mask hides a key (aligned to the
+    end, as flash attention does when the lengths differ)."""
+    group = q.shape[1] // k.shape[1]
+    s = (q.double() @ k.double().repeat_interleave(group, 1).transpose(-1, -2)) * (scale or 1 / math.sqrt(q.shape[-1]))
+    if causal:
+        lq, lk = s.shape[-2:]
+        s = s.masked_fill(~torch.ones(lq, lk, dtype=torch.bool, device=s.device).tril(lk - lq), float("-inf"))
+    return s
+
+
 def reference(q, k, v, causal):
     """O and the log-sum-exp; a causal row that sees no key (L_q > L_k) has O = 0 (torch's SDPA, flash attention)
     and, by the kernel's convention, an lse of +inf."""
-    group = q.shape[1] // k.shape[1]
-    k, v = (t.double().repeat_interleave(group, 1) for t in (k, v))
-    s = (q.double() @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    if causal:  # aligned to the end, as flash attention does when the lengths differ
-        lq, lk = s.shape[-2:]
-        s = s.masked_fill(~torch.ones(lq, lk, dtype=torch.bool, device=s.device).tril(lk - lq), float("-inf"))
+    s, v = scores(q, k, causal), v.double().repeat_interleave(q.shape[1] // k.shape[1], 1)
     lse = torch.logsumexp(s, -1)
     seen = lse.isfinite()
     return torch.softmax(s, -1).nan_to_num(0.0) @ v, torch.where(seen, lse, math.inf)

@@ -184,14 +184,11 @@ def terms(q, k, v, g, causal: bool, scale: float | None) -> tuple[float, float]:
     dq and dk sum dS = P * (dP - D) over keys, D = rowsum(dO * O) with O rounded to the input dtype (as in every flash
     attention backward): where dP is near D for every key they cancel to little or nothing (0 where a row sees one
     key), and their rounding counts against the terms, not against what is left of them."""
-    group, (lq, lk), d = q.shape[1] // k.shape[1], (q.shape[2], k.shape[2]), q.shape[3]
+    from test_attention import scores
+    group, s = q.shape[1] // k.shape[1], scale or 1 / math.sqrt(q.shape[3])
     qd, kd, vd, gd = (t.detach().double() for t in (q, k, v, g))
     kd, vd = kd.repeat_interleave(group, 1), vd.repeat_interleave(group, 1)
-    s = scale or 1 / math.sqrt(d)
-    scores = qd @ kd.transpose(-1, -2) * s
-    if causal:  # test_attention.sdpa_grads' mask
-        scores = scores.masked_fill(~torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq), -math.inf)
-    a = torch.softmax(scores, -1).nan_to_num(0) * (gd @ vd.transpose(-1, -2)).abs()
+    a = torch.softmax(scores(qd, kd, causal, s), -1).nan_to_num(0) * (gd @ vd.transpose(-1, -2)).abs()
     tk = (s * a.transpose(-1, -2) @ qd.abs()).unflatten(1, (-1, group)).sum(2)  # each K head's group of queries
     return (s * a @ kd.abs()).norm().item(), tk.norm().item()
 
