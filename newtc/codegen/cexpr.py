@@ -126,7 +126,7 @@ def elementwise(kind: str, dts: list, out, xs: list[str], fn: str | None = None)
         else:
             e = f"({ws[0]} {'<' if kind == 'minimum' else '>'} {ws[1]} ? {ws[0]} : {ws[1]})"
     elif kind == "neg":
-        e = f"(-{ws[0]})"
+        e = f"nk_ineg({ws[0]})" if dt.is_int and dt.bits <= 32 else f"(-{ws[0]})"
     elif kind == "not":
         e = f"(!{ws[0]})" if dt.kind == "b" else f"(~{ws[0]})"
     elif kind == "abs" and not flt:
