@@ -4,13 +4,16 @@ TFLOP/s. fp8 (e4m3, A row-major and B column-major as torch._scaled_mm takes the
 torch._scaled_mm with unit scales (newt's too) and fast accumulation (wgmma's own f32 sums, as newt's and Triton's), Triton its
 tutorial's fp8 configurations.
 
-    python bench/bench_matmul.py [--quick] [--sweep] [--shapes] [--random N]
+    python bench/bench_matmul.py [--quick] [--sweep] [--shapes] [--splits] [--random N]
 
 --shapes times ops.matmul, Triton and cuBLAS on shapes off the bench (OFF_BENCH: small, ragged, skinny, long K, rows
 not 16-byte aligned), f16 (and every third in bf16): where _matmul_config's choice of tile must hold up.
 --random N times them on N shapes drawn at random (seeded: the same N shapes each run; f16, bf16 and fp8 in turn),
 each side log-uniform from 1 (M) or 16 (N, K) to 16384, at most 2^36 multiply-adds: cliffs no list foresaw (only
 that table).
+--splits times, on products whose tiles fill one wave or less (SPLIT_SHAPES), ops.matmul as it plans them against each
+tile of ops.MATMUL_TILES with its K split over 1-4 programs (stdlib matmul_split, whose shares sum by vector
+reductions): whether a bigger tile split would beat the smaller one unsplit that ops picks.
 --sweep also times newt's kernel over a grid of tile configurations on 4096^3 and, without --quick, on the LLM shape
 16384x4096x4096 (to tune ops._matmul_config):
 warp-specialized (ws) or not, a program per tile or persistent (a program per SM walking the tiles), in clusters that
@@ -156,7 +159,7 @@ def close(ref):
     return lambda out: check_close(out.float(), ref, rtol=2e-2, atol=atol)
 
 
-def run(quick: bool, sweep: bool = False, shapes: bool = False, random: int = 0):
+def run(quick: bool, sweep: bool = False, shapes: bool = False, random: int = 0, splits: bool = False):
     import torch
     try:
         tmm = {torch.float16: triton_matmul(), torch.float8_e4m3fn: triton_matmul(fp8=True)}
@@ -175,6 +178,8 @@ def run(quick: bool, sweep: bool = False, shapes: bool = False, random: int = 0)
         yield products("matmul off the bench (ops.matmul's tiles by shape, TFLOP/s)", cases, tmm, quick)
     if sweep:
         yield sweep_configs(quick, SHAPES[:1] if quick else [SHAPES[0], SHAPES[2]])
+    if splits:
+        yield sweep_splits(quick, SPLIT_SHAPES)
 
 
 def products(title: str, cases: list, tmm, quick: bool) -> Table:
@@ -242,6 +247,45 @@ def sweep_configs(quick: bool, shapes: list, dtypes: tuple = ()) -> Table:
     return Table("newt matmul configurations", rows)
 
 
+# products of one wave of tiles or less, f16, where ops.matmul trails cuBLAS by 20-40% (twenty-eighth session)
+SPLIT_SHAPES = [(512, 4096, 11008), (128, 11008, 4096), (1079, 254, 4866), (512, 512, 16384), (640, 384, 8192),
+                (256, 1024, 4096)]
+
+
+def sweep_splits(quick: bool, shapes: list) -> Table:
+    """ops.matmul against each tile of MATMUL_TILES split over 1-4 programs a tile (f16)."""
+    import torch
+    import newtc.ops as ops
+    rows = []
+    for m, n, k in shapes:
+        a, b = operands(torch.float16, m, n, k)
+        fns = {"ops.matmul": lambda: newt(a, b)}
+        for (bm, bn, warps, slots), s in itertools.product(ops.MATMUL_TILES, (1, 2, 3, 4)):
+            meta = dict(BM=bm, BN=bn, BK=64, GROUP_M=8, num_warps=warps, num_stages=slots)
+            fns[f"{bm}x{bn} split {s}"] = functools.partial(split_product, a, b, s, meta)
+        for config, t in measure_all(fns, close(a.float() @ b.float()), quick).items():
+            rows.append({"shape": f"{m}x{n}x{k}", "config": config, "TFLOP/s": tflops(m, n, k, t)})
+            print(rows[-1], flush=True)
+    return Table("newt matmul tiles split over K", rows)
+
+
+def split_product(a, b, splits: int, meta: dict):
+    """a @ b by the stdlib matmul_split, each tile's K over `splits` programs (as ops launches it: its f32 sums and
+    counts zeroed per call), or by matmul for one."""
+    import torch
+    import newtc.ops as ops
+    if splits == 1:
+        return product(ops._stdlib("matmul").matmul, (-(-a.shape[0] // meta["BM"]) * -(-b.shape[1] // meta["BN"]),),
+                       a, b, meta)
+    (m, k), n = a.shape, b.shape[1]
+    c = torch.empty(m, n, device=a.device, dtype=out_dtype(a))
+    tiles = -(-m // meta["BM"]) * -(-n // meta["BN"])
+    part = torch.zeros(tiles * (meta["BM"] * meta["BN"] + 1), device=a.device)
+    ops._stdlib("matmul").matmul_split[(tiles * splits,)](a, b, c, c, c, c, part, m, n, k, *a.stride(), *b.stride(),
+                                                          *c.stride(), 0, 0, splits, **meta)
+    return c
+
+
 def product(kernel, grid: tuple, a, b, meta: dict):
     """a @ b by one launch of the stdlib kernel with these constexprs."""
     import torch
@@ -256,11 +300,12 @@ if __name__ == "__main__":
     p.add_argument("--quick", action="store_true")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--shapes", action="store_true")
+    p.add_argument("--splits", action="store_true")
     p.add_argument("--random", type=int, default=0, metavar="N")
     args = p.parse_args()
     if not common.cuda_available():
         print("no CUDA GPU: nothing to benchmark")
         sys.exit(0)
-    for t in run(args.quick, args.sweep, args.shapes, args.random):
+    for t in run(args.quick, args.sweep, args.shapes, args.random, args.splits):
         print(t.markdown() + "\n")
         common.write(f"matmul_{t.title.split()[0]}.md", t.markdown())
