@@ -36,6 +36,13 @@ kernel negated_extremes(x, lo, hi, n_rows, BM: constexpr):
     store(lo + rows[:, None] * 4 + cols[None, :], min(-v, axis=1)[:, None] + v, mask=mask)
     store(hi + rows[:, None] * 4 + cols[None, :], max(0 - v, axis=1)[:, None] + min(v * -1, axis=1)[:, None], mask=mask)
 
+# A square tile plus its rows' least values, transposed: the transpose goes through shared memory, read back by
+# ldmatrix for 16-bit values where the layouts line up (BM 32 on 4 warps).
+kernel min_rows_transposed(x, out, BM: constexpr):
+    r = arange(0, BM)
+    v = load(x + r[:, None] * BM + r[None, :])
+    store(out + r[:, None] * BM + r[None, :], trans(min(v, axis=1)[:, None] + v))
+
 # A histogram: many lanes add to the same bins.
 kernel histogram(x, bins, n, BLOCK: constexpr):
     offs = program_id(0) * BLOCK + arange(0, BLOCK)
@@ -94,6 +101,21 @@ def test_negated_integers_into_min_and_max(mod, device, dtype):
     mod.negated_extremes[(-(-1000 // 64),)](x, lo, hi, 1000, BM=64, num_warps=1)
     assert torch.equal(lo, (-x).amin(1, keepdim=True) + x)
     assert torch.equal(hi, ((-x).amax(1, keepdim=True) + (-x).amin(1, keepdim=True)).expand_as(x))
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.int16, torch.float16, torch.bfloat16])
+def test_16_bit_tile_transposed_through_ldmatrix(mod, device, dtype):
+    """ldmatrix reads 16-bit registers of any 16-bit type: i16 ones were written as f16's struct (a compile error,
+    found by test_random_kernels)."""
+    x = torch.randint(-50, 50, (32, 32), device=device).to(dtype)
+    out = torch.full_like(x, -7)
+    args, meta = (x, out), dict(BM=32, num_warps=4)
+    for arch in ("sm_80", "sm_90a"):
+        assert "ldmatrix" in mod.min_rows_transposed.output(args, meta, "cuda", arch).cuda.source
+        mod.min_rows_transposed.ptx(*args, arch=arch, **meta)
+    mod.min_rows_transposed[(1,)](*args, **meta)
+    assert torch.equal(out, (x.amin(1, keepdim=True) + x).t())
 
 
 @pytest.mark.parametrize("device", devices())

@@ -2,7 +2,7 @@
 gpu) compiled for the GPU, where every layout, conversion and shared-memory staging of the passes is met.
 
 Each program tiles [R, C] tensors over a grid of BM x BN programs (R, C ragged against the tile; tiles of 1 to 128 a
-side), loads 1-3 inputs (and where's conditions) in f32, f16, bf16, f64, i32 or i64, each stored by rows or by
+side), loads 1-3 inputs (and where's conditions) in f32, f16, bf16, f64, i8, i16, i32 or i64, each stored by rows or by
 columns (so that their loads coalesce along either dim), in wider rows or off 16 bytes, with masked lanes filled with
 a constant, and combines them through 3-9 random steps: arithmetic, where, minimum/maximum, abs, exp and sqrt, casts,
 reductions along an axis or of the whole tile broadcast back, argmax/argmin, C's integer // and %, shifts and bits,
@@ -33,14 +33,14 @@ import newtc
 SEED = int(os.environ.get("NEWT_RANDOM_SEED", random.SystemRandom().randrange(2**32)))
 COUNT = os.environ.get("NEWT_RANDOM_KERNELS")
 # unit roundoffs (f64's twice: the model's own rounding is as large); integers are exact
-EPS = {"f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8, "f64": 2.0**-52, "i32": 0.0, "i64": 0.0}
-TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64, "i32": torch.int32,
-         "i64": torch.int64}
-TINY = {"f32": 2.0**-150, "f16": 2.0**-25, "bf16": 2.0**-134, "f64": 2.0**-1074, "i32": 0.0, "i64": 0.0}  # half the
+INTS = ("i8", "i16", "i32", "i64")  # narrowest first
+EPS = {"f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8, "f64": 2.0**-52, **dict.fromkeys(INTS, 0.0)}
+TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64, "i8": torch.int8,
+         "i16": torch.int16, "i32": torch.int32, "i64": torch.int64}
+TINY = {"f32": 2.0**-150, "f16": 2.0**-25, "bf16": 2.0**-134, "f64": 2.0**-1074, **dict.fromkeys(INTS, 0.0)}  # half the
 # least subnormal: the error of a rounding near 0, where the relative one does not hold (unit roundoff times magnitude)
-INTS = ("i32", "i64")
 # the magnitudes a value of these may reach (a step past them is redrawn): i64's, the model's exact integers
-LIMIT = {"i32": 2.0**30, "i64": 2.0**50, "f16": 2.0**15}
+LIMIT = {"i8": 2.0**6, "i16": 2.0**14, "i32": 2.0**30, "i64": 2.0**50, "f16": 2.0**15}
 
 
 @dataclass
@@ -68,7 +68,7 @@ def wider(a: str, b: str) -> str:
 def promote(a: str, b: str) -> str:
     """Triton's promotion of two dtypes among these."""
     if a == b or b in INTS:
-        return "i64" if a in INTS and b != a else a
+        return max(a, b, key=INTS.index) if a in INTS else a  # the wider of two (signed) integers
     return b if a in INTS else "f64" if "f64" in (a, b) else "f32"
 
 
@@ -118,7 +118,7 @@ class Program:
 
     def leaf(self) -> Value:
         r = self.r
-        dt = r.choice(["f32", "f16", "bf16", "i32"] * 2 + ["f64", "i64"])
+        dt = r.choice(["f32", "f16", "bf16", "i32"] * 2 + ["f64", "i64", "i8", "i16"])
         if dt in INTS:
             x = torch.randint(-8, 9, (self.R, self.C), device=self.device, dtype=TORCH[dt])
         else:
@@ -318,9 +318,12 @@ def run_one(r: random.Random, device: str) -> str:
     what = (f"R={p.R} C={p.C} BM={p.BM} BN={p.BN} num_warps={p.warps} num_stages={p.stages} out {o.dtype}, "
             f"strides+offsets {layouts}:\n{source}")
     kernel, meta = newtc.compile(source, "random.nk").k, dict(BM=p.BM, BN=p.BN, num_warps=p.warps, num_stages=p.stages)
-    if device == "cpu":  # the GPU's code too, to a cubin (NVRTC and ptxas run without a GPU)
-        kernel.ptx(*args, arch=r.choice(["sm_80", "sm_90a"]), **meta)
-    kernel[(p.PM,) if p.looped else (p.PM, p.PN)](*args, **meta)
+    try:
+        if device == "cpu":  # the GPU's code too, to a cubin (NVRTC and ptxas run without a GPU)
+            kernel.ptx(*args, arch=r.choice(["sm_80", "sm_90a"]), **meta)
+        kernel[(p.PM,) if p.looped else (p.PM, p.PN)](*args, **meta)
+    except Exception as e:  # a compile error is a failure too: name the program
+        raise AssertionError(f"{type(e).__name__}: {str(e)[:2000]}\n{what}") from None
     got = o.double().cpu()
     assert not got.isnan().any(), f"unwritten (NaN) elements\n{what}"
     over = ((got - ref).abs() - bound).flatten()

@@ -96,9 +96,9 @@ def local_load(cg, op: ir.Op) -> None:
     res = op.result
     acc = Access(cg, res.layout, buf, op.attrs["start"])
     name = cg.array(res)
-    if acc.item == 2 and ldmatrix(cg, acc, name):
-        return
     t = cexpr.ctype(res.type.dtype)
+    if acc.item == 2 and ldmatrix(cg, acc, name, t):
+        return
     g = acc.group()
     stmts = []
     for i in range(0, res.layout.nregs, g):
@@ -133,8 +133,9 @@ def ldmatrix_plan(lane: tuple, regs: list[int], warp: tuple) -> tuple | None:
     return trans, matrices, tuple(rows + rbase[1:1 + mbits] + [0] * (2 - mbits))
 
 
-def ldmatrix(cg, acc: Access, name: str) -> bool:
-    """Emit ldmatrix for a local_load when ldmatrix_plan allows it; returns False (nothing emitted) otherwise."""
+def ldmatrix(cg, acc: Access, name: str, t: str) -> bool:
+    """Emit ldmatrix for a local_load of 16-bit values (C type t) when ldmatrix_plan allows it; returns False (nothing
+    emitted) otherwise."""
     plan = ldmatrix_plan(acc.lane, acc.regs, acc.warp)
     if plan is None:
         return False
@@ -146,8 +147,8 @@ def ldmatrix(cg, acc: Access, name: str) -> bool:
         addr = f"(nk_sbase + {acc.base} + (({per_lane}) ^ {acc.regs[first]}) * 2)"
         d = [cg.fresh("m") for _ in range(matrices)]
         binds = ", ".join(f'"=r"({x})' for x in d)
-        unpack = " ".join(f"{name}[{first + 2 * j}].x = (unsigned short){x}; {name}[{first + 2 * j + 1}].x = "
-                          f"(unsigned short)({x} >> 16);" for j, x in enumerate(d))
+        unpack = " ".join(f"{name}[{first + 2 * j + h}] = nk_bitcast<{t}>((unsigned short)({x} >> {16 * h}));"
+                          for j, x in enumerate(d) for h in (0, 1))
         cg.emit(f"{{ unsigned {', '.join(d)}; asm volatile(\"ldmatrix.sync.aligned.m8n8.{count}{trans}.shared.b16 "
                 f"{{{outs}}}, [%{matrices}];\" : {binds} : \"r\"({addr})); {unpack} }}")
     return True
