@@ -1404,6 +1404,12 @@ def _fma(c: Checker, span, a, b, d):
     return c.emit("fma", [a, b, d], a.type, span)
 
 
+def sum_dtype(dt: DType) -> DType:
+    """The dtype a sum (or cumsum) of dt values has, as Triton's: narrow integers and bools in 32 bits (torch would use
+    i64), the rest their own."""
+    return i32 if dt == bool_ or dt.kind == "i" and dt.bits < 32 else u32 if dt.kind == "u" and dt.bits < 32 else dt
+
+
 @builtin(*REDUCTIONS - {"max", "min"})  # max and min also compare several values: _max_min
 def _reduce(c: Checker, span, x, axis=None, keep_dims=False, *, _name=""):
     if not isinstance(x, ir.Value) or not x.type.shape or isinstance(x.type.dtype, Ptr):
@@ -1425,10 +1431,11 @@ def _reduce(c: Checker, span, x, axis=None, keep_dims=False, *, _name=""):
         raise NkError(f"axis {axis} is out of range for a block of rank {rank}", span)
     axis %= rank
     shape = x.type.shape[:axis] + ((1,) if keep_dims else ()) + x.type.shape[axis + 1:]
-    dtype = i32 if _name in ("argmax", "argmin") else x.type.dtype
-    if x.type.dtype == bool_ and _name in ("sum", "argmax", "argmin"):  # counted, or compared, as 0 and 1
+    dtype = i32 if _name in ("argmax", "argmin") else sum_dtype(x.type.dtype) if _name == "sum" else x.type.dtype
+    if x.type.dtype == bool_ and _name in ("argmax", "argmin"):  # compared as 0 and 1
         x = c.cast(x, i32, span)
-        dtype = i32
+    elif _name == "sum" and dtype != x.type.dtype:  # narrow integers (or bools, counted) summed in 32 bits
+        x = c.cast(x, dtype, span)
     return c.emit("reduce", [x], Type(shape, dtype), span, {"kind": _name, "axis": axis, "keep_dims": keep_dims})
 
 
@@ -1742,8 +1749,7 @@ def scan(c: Checker, span, xs: list, axis, reverse, combine, name: str) -> list:
 def _cumsum(c: Checker, span, x, axis=0, reverse=False, dtype=None, *, _name=""):
     numbers(x, f"{_name}()", span)
     dt = x.type.dtype
-    if dtype is None:  # Triton's rule: narrow integers accumulate in 32 bits (torch would use i64)
-        dtype = i32 if dt == bool_ or dt.kind == "i" and dt.bits < 32 else u32 if dt.kind == "u" and dt.bits < 32 else dt
+    dtype = sum_dtype(dt) if dtype is None else dtype
     if not isinstance(dtype, DType):
         raise NkError(f"dtype must be a dtype, got {describe(dtype)}", span)
     acc = f32 if dtype in (f16, bf16) else dtype  # 16-bit floats accumulate in f32, as sum() does

@@ -308,6 +308,16 @@ def test_helper_returns_a_tuple():
     assert [op.attrs["kind"] for op in ops(k, "reduce")] == ["sum", "max"]
 
 
+@pytest.mark.parametrize("dt,summed", [(i8, i32), (i16, i32), (u8, u32), (i64, i64), (f16, f16)])
+def test_sum_of_narrow_integers_is_32_bit(dt, summed):
+    """As Triton's sum (and cumsum): integers narrower than 32 bits sum in 32, so 512 bytes of 127 do not wrap."""
+    k = typed("""\
+        s = sum(load(x + arange(0, 8)), axis=0)
+        store(y, s)
+    """, {"x": Ptr(dt), "y": Ptr(summed)})
+    assert value(k, "s").type == Type((), summed)
+
+
 def test_helper_constexpr_parameter_must_be_constant():
     helpers = "def rep(v, N: constexpr):\n    return v * N\n\n"
     typed("t = rep(n, 4)\n", {"n": i32}, helpers=helpers)

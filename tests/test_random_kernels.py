@@ -60,6 +60,11 @@ def rounding(dt: str, m: torch.Tensor, n: int = 1) -> torch.Tensor:
     return n * (EPS[dt] * m + TINY[dt])
 
 
+def summed(dt: str) -> str:
+    """The dtype of a sum or cumsum of dt values: narrow integers in 32 bits, as Triton's."""
+    return "i32" if dt in ("i8", "i16") else dt
+
+
 def wider(a: str, b: str) -> str:
     """Of two dtypes, the one of the larger unit roundoff."""
     return max(a, b, key=EPS.get)
@@ -190,21 +195,27 @@ class Program:
             if to == "f16" and a.abs.max() > LIMIT["f16"]:
                 return None
             return f"{a.name}.to({to}).to(f32)", a.ref.to(TORCH[to]).double(), a.abs, a.err + rounding(to, a.abs), "f32"
-        if kind == "reduce":
+        def reduction(dims, count: int, code: str):  # sum, max or min over dims, broadcast back, plus b
             op = r.choice(["sum", "max", "min"])
+            rdt = summed(a.dt) if op == "sum" else a.dt
+            out = promote(rdt, b.dt)
             if op == "sum":
-                m, e = a.abs.sum(dim, keepdim=True), a.err.sum(dim, keepdim=True)
-                e = e + rounding(wider(dt, a.dt), m, n)
-                red = a.ref.sum(dim, keepdim=True)
+                m, e = a.abs.sum(dims, keepdim=True), a.err.sum(dims, keepdim=True)
+                e = e + rounding(wider(out, a.dt), m, count)
+                red = a.ref.sum(dims, keepdim=True)
             else:
-                m, e = a.abs.amax(dim, keepdim=True), a.err.amax(dim, keepdim=True)
-                red = a.ref.amax(dim, keepdim=True) if op == "max" else a.ref.amin(dim, keepdim=True)
+                m, e = a.abs.amax(dims, keepdim=True), a.err.amax(dims, keepdim=True)
+                red = a.ref.amax(dims, keepdim=True) if op == "max" else a.ref.amin(dims, keepdim=True)
+            if m.max() > LIMIT.get(rdt, math.inf):  # the reduction's own dtype overflows
+                return None
             m = m + b.abs
-            return f"{op}({a.name}, axis={axis}){keep} + {b.name}", red + b.ref, m, e + b.err + rounding(dt, m), dt
+            return code.format(op=op) + f" + {b.name}", red + b.ref, m, e + b.err + rounding(out, m), out
+        if kind == "reduce":
+            return reduction(dim, n, f"{{op}}({a.name}, axis={axis}){keep}")
         if kind == "scan":
             m = a.abs.cumsum(dim)
             e = a.err.cumsum(dim) + rounding(a.dt, m, n)
-            return f"cumsum({a.name}, axis={axis})", a.ref.cumsum(dim), m, e, a.dt
+            return f"cumsum({a.name}, axis={axis})", a.ref.cumsum(dim), m, e, summed(a.dt)
         if kind == "flip":
             return f"flip({a.name}, dim={axis})", *same(lambda t: t.flip(dim))
         if kind == "sort":  # sorted values each within the line's largest error (sorting is 1-Lipschitz)
@@ -233,16 +244,7 @@ class Program:
                    "^": lambda: x ^ m}[op]().double()
             return f"{c.name} {op} {m}", ref, ref.abs(), torch.zeros_like(ref), c.dt
         if kind == "all":  # a reduction to one value, broadcast
-            op = r.choice(["sum", "max", "min"])
-            if op == "sum":
-                m, e = a.abs.sum((2, 3), keepdim=True), a.err.sum((2, 3), keepdim=True)
-                e = e + rounding(wider(dt, a.dt), m, self.BM * self.BN)
-                red = a.ref.sum((2, 3), keepdim=True)
-            else:
-                m, e = a.abs.amax((2, 3), keepdim=True), a.err.amax((2, 3), keepdim=True)
-                red = a.ref.amax((2, 3), keepdim=True) if op == "max" else a.ref.amin((2, 3), keepdim=True)
-            m = m + b.abs
-            return f"{op}({a.name}) + {b.name}", red + b.ref, m, e + b.err + rounding(dt, m), dt
+            return reduction((2, 3), self.BM * self.BN, f"{{op}}({a.name})")
         if kind == "cat":  # two tiles one after the other, then summed back over the new outer dim
             c = self.fresh()
             self.line(f"{c} = reshape(cat({a.name}, {b.name}, dim={axis}), [2, {self.BM}, {self.BN}])" if axis == 0 else
