@@ -2,7 +2,7 @@
 gpu) compiled for the GPU, where every layout, conversion and shared-memory staging of the passes is met.
 
 Each program tiles [R, C] tensors over a grid of BM x BN programs (R, C ragged against the tile; tiles of 1 to 128 a
-side), loads 1-3 inputs (and where's conditions) in f32, f16, bf16, f64, i8, i16, i32 or i64, each stored by rows or by
+side), loads 1-3 inputs (and where's conditions) in f32, f16, bf16, f64, i8, u8, i16, i32 or i64, each stored by rows or by
 columns (so that their loads coalesce along either dim), in wider rows or off 16 bytes, with masked lanes filled with
 a constant, and combines them through 3-9 random steps: arithmetic, where, minimum/maximum, abs, exp and sqrt, casts,
 reductions along an axis or of the whole tile broadcast back, argmax/argmin, C's integer // and %, shifts and bits,
@@ -33,14 +33,15 @@ import newtc
 SEED = int(os.environ.get("NEWT_RANDOM_SEED", random.SystemRandom().randrange(2**32)))
 COUNT = os.environ.get("NEWT_RANDOM_KERNELS")
 # unit roundoffs (f64's twice: the model's own rounding is as large); integers are exact
-INTS = ("i8", "i16", "i32", "i64")  # narrowest first
+BITS = {"i8": 8, "u8": 8, "i16": 16, "i32": 32, "u32": 32, "i64": 64}
+INTS, UNSIGNED = tuple(BITS), ("u8", "u32")  # unsigned values must stay >= 0 (a step that leaves them so is redrawn)
 EPS = {"f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8, "f64": 2.0**-52, **dict.fromkeys(INTS, 0.0)}
 TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64, "i8": torch.int8,
-         "i16": torch.int16, "i32": torch.int32, "i64": torch.int64}
+         "u8": torch.uint8, "i16": torch.int16, "i32": torch.int32, "i64": torch.int64}
 TINY = {"f32": 2.0**-150, "f16": 2.0**-25, "bf16": 2.0**-134, "f64": 2.0**-1074, **dict.fromkeys(INTS, 0.0)}  # half the
 # least subnormal: the error of a rounding near 0, where the relative one does not hold (unit roundoff times magnitude)
 # the magnitudes a value of these may reach (a step past them is redrawn): i64's, the model's exact integers
-LIMIT = {"i8": 2.0**6, "i16": 2.0**14, "i32": 2.0**30, "i64": 2.0**50, "f16": 2.0**15}
+LIMIT = {"i8": 2.0**6, "u8": 2.0**7, "i16": 2.0**14, "i32": 2.0**30, "u32": 2.0**31, "i64": 2.0**50, "f16": 2.0**15}
 
 
 @dataclass
@@ -62,7 +63,7 @@ def rounding(dt: str, m: torch.Tensor, n: int = 1) -> torch.Tensor:
 
 def summed(dt: str) -> str:
     """The dtype of a sum or cumsum of dt values: narrow integers in 32 bits, as Triton's."""
-    return "i32" if dt in ("i8", "i16") else dt
+    return ("u32" if dt in UNSIGNED else "i32") if BITS.get(dt, 32) < 32 else dt
 
 
 def wider(a: str, b: str) -> str:
@@ -72,8 +73,8 @@ def wider(a: str, b: str) -> str:
 
 def promote(a: str, b: str) -> str:
     """Triton's promotion of two dtypes among these."""
-    if a == b or b in INTS:
-        return max(a, b, key=INTS.index) if a in INTS else a  # the wider of two (signed) integers
+    if a == b or b in INTS:  # of two integers the wider, or on a tie the unsigned one
+        return max(a, b, key=lambda t: (BITS[t], t in UNSIGNED)) if a in INTS else a
     return b if a in INTS else "f64" if "f64" in (a, b) else "f32"
 
 
@@ -123,12 +124,12 @@ class Program:
 
     def leaf(self) -> Value:
         r = self.r
-        dt = r.choice(["f32", "f16", "bf16", "i32"] * 2 + ["f64", "i64", "i8", "i16"])
+        dt = r.choice(["f32", "f16", "bf16", "i32"] * 2 + ["f64", "i64", "i8", "i16", "u8"])
         if dt in INTS:
-            x = torch.randint(-8, 9, (self.R, self.C), device=self.device, dtype=TORCH[dt])
+            x = torch.randint(0 if dt in UNSIGNED else -8, 9, (self.R, self.C), device=self.device, dtype=TORCH[dt])
         else:
             x = torch.randn(self.R, self.C, device=self.device).to(TORCH[dt])
-        other = r.choice([0, 1, -2])
+        other = r.choice([0, 1] if dt in UNSIGNED else [0, 1, -2])
         full = torch.full((self.PM * self.BM, self.PN * self.BN), float(other), dtype=torch.float64)
         full[:self.R, :self.C] = x.double().cpu()
         ref = full.view(self.PM, self.BM, self.PN, self.BN).permute(0, 2, 1, 3)
@@ -139,7 +140,8 @@ class Program:
         """One step on values drawn from vals; drawn again where it would overflow its dtype or not apply."""
         while True:
             made = self.draw_step(vals)
-            if made is not None and made[2].max().item() <= LIMIT.get(made[4], math.inf):
+            if made is not None and made[2].max().item() <= LIMIT.get(made[4], math.inf) and \
+                    not (made[4] in UNSIGNED and made[1].min() < 0):
                 return self.emit(*made)
 
     def draw_step(self, vals: list):
@@ -148,6 +150,8 @@ class Program:
         r = self.r
         a, b = r.choice(vals), r.choice(vals)
         dt = promote(a.dt, b.dt)
+        if dt in UNSIGNED and min(a.ref.min(), b.ref.min()) < 0:  # a negative value made unsigned wraps
+            return None
         kind = r.choice(["arith", "arith", "minmax", "where", "unary", "cast", "reduce", "scan", "flip", "sort",
                          "trans", "pairs", "dots", "arg", "ints", "all", "cat", "groups"])
         axis = r.randint(0, 1)
@@ -250,7 +254,7 @@ class Program:
             self.line(f"{c} = reshape(cat({a.name}, {b.name}, dim={axis}), [2, {self.BM}, {self.BN}])" if axis == 0 else
                       f"{c} = trans(reshape(cat({a.name}, {b.name}, dim=1), [{self.BM}, 2, {self.BN}]), 1, 0, 2)")
             m = a.abs + b.abs
-            return f"sum({c}, axis=0)", a.ref + b.ref, m, a.err + b.err + rounding(dt, m, 2), dt
+            return f"sum({c}, axis=0)", a.ref + b.ref, m, a.err + b.err + rounding(dt, m, 2), summed(dt)
         if kind == "groups" and self.BN >= 4:  # the max of each group of 4 columns, broadcast over it: 3-D layouts
             g = self.BN // 4
             return f"reshape(broadcast_to(max(reshape({a.name}, [{self.BM}, {g}, 4]), axis=2)[:, :, None], " \
@@ -286,7 +290,7 @@ class Program:
         for v in vals[:-1]:  # every value reaches the output: a step nothing reads could be wrong unseen
             if v.name not in self.read:
                 m, dt = out.abs + v.abs, promote(out.dt, v.dt)
-                if m.max() > LIMIT.get(dt, math.inf):  # not to overflow
+                if m.max() > LIMIT.get(dt, math.inf) or dt in UNSIGNED and min(out.ref.min(), v.ref.min()) < 0:
                     out, dt = self.emit(f"{out.name}.to(f32)", out.ref, out.abs, out.err, "f32"), "f32"
                 out = self.emit(f"{out.name} + {v.name}", out.ref + v.ref, m, out.err + v.err + rounding(dt, m), dt)
         rows = "rm = program_id(0) * BM + arange(0, BM)"
