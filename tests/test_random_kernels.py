@@ -188,7 +188,8 @@ class Program:
             w = 4 * EPS["f32"] + EPS[real]  # the math function's error, then its result's rounding (of at most 2)
             if op == "exp":  # of at most 1, its slope at most 1
                 one = torch.ones_like(a.ref)
-                return f"exp(-abs({a.name}))", torch.exp(-a.ref.abs()), one, a.err + w + TINY[real], real
+                x = f"{a.name}.to(f32)" if a.dt in UNSIGNED else a.name  # (an unsigned value's negation wraps)
+                return f"exp(-abs({x}))", torch.exp(-a.ref.abs()), one, a.err + w + TINY[real], real
             if op == "sqrt":  # its slope at most 1/2, after the sum's rounding
                 m = torch.sqrt(a.abs + 1)
                 e = (a.err + rounding(real, a.abs + 1)) / 2 + w * m
