@@ -274,15 +274,14 @@ def split_product(a, b, splits: int, meta: dict):
     counts zeroed per call), or by matmul for one."""
     import torch
     import newtc.ops as ops
-    if splits == 1:
-        return product(ops._stdlib("matmul").matmul, (-(-a.shape[0] // meta["BM"]) * -(-b.shape[1] // meta["BN"]),),
-                       a, b, meta)
-    (m, k), n = a.shape, b.shape[1]
-    c = torch.empty(m, n, device=a.device, dtype=out_dtype(a))
+    (m, k), n, mod = a.shape, b.shape[1], ops._stdlib("matmul")
     tiles = -(-m // meta["BM"]) * -(-n // meta["BN"])
+    if splits == 1:
+        return product(mod.matmul, (tiles,), a, b, meta)
+    c = torch.empty(m, n, device=a.device, dtype=out_dtype(a))
     part = torch.zeros(tiles * (meta["BM"] * meta["BN"] + 1), device=a.device)
-    ops._stdlib("matmul").matmul_split[(tiles * splits,)](a, b, c, c, c, c, part, m, n, k, *a.stride(), *b.stride(),
-                                                          *c.stride(), 0, 0, splits, **meta)
+    mod.matmul_split[(tiles * splits,)](a, b, c, c, c, c, part, m, n, k, *a.stride(), *b.stride(), *c.stride(), 0, 0,
+                                        splits, **meta)
     return c
 
 

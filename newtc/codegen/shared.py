@@ -147,8 +147,8 @@ def ldmatrix(cg, acc: Access, name: str, t: str) -> bool:
         addr = f"(nk_sbase + {acc.base} + (({per_lane}) ^ {acc.regs[first]}) * 2)"
         d = [cg.fresh("m") for _ in range(matrices)]
         binds = ", ".join(f'"=r"({x})' for x in d)
-        unpack = " ".join(f"{name}[{first + 2 * j + h}] = nk_bitcast<{t}>((unsigned short)({x} >> {16 * h}));"
-                          for j, x in enumerate(d) for h in (0, 1))
+        unpack = " ".join(f"{name}[{first + 2 * j + h}] = nk_bitcast<{t}>((unsigned short)({x}{shift}));"
+                          for j, x in enumerate(d) for h, shift in enumerate(("", " >> 16")))
         cg.emit(f"{{ unsigned {', '.join(d)}; asm volatile(\"ldmatrix.sync.aligned.m8n8.{count}{trans}.shared.b16 "
                 f"{{{outs}}}, [%{matrices}];\" : {binds} : \"r\"({addr})); {unpack} }}")
     return True
