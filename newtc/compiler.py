@@ -6,6 +6,7 @@ Torch-free, so that the `newtc` command, the jit and the tests share it without 
 """
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 
@@ -81,4 +82,20 @@ def compile(module: A.Module, name: str, spec: Spec, until: str = "cubin") -> Ou
         print(f"// ---- newt: {k.name} {spec}\n{gen.source}", file=sys.stderr)
     if until == "cuda":
         return Output(k, gen)
-    return Output(k, gen, nvrtc.compile(gen.source, gen.name, spec.arch))  # nvrtc
+    return Output(k, gen, compile_cuda(gen, spec.arch))  # nvrtc
+
+
+NEGATION = re.compile(r"\bneg\.s(16|32)\b")
+
+
+def compile_cuda(gen: codegen.Generated, arch: str) -> nvrtc.Compiled:
+    """NVRTC's cubin; compiled again with NK_OPAQUE where the PTX negates an integer (or NVRTC kept no PTX): ptxas
+    12.6-13.3 fold a negation into sm_90's three-way min/max (VIMNMX3, also made of compares and selects) and drop it
+    for one operand, and LLVM makes negations the source does not write (q - (p + q) is -p). There the values integer
+    min, max and where choose from go through an asm (prelude's nk_opaque). Elsewhere that asm would only hide from
+    LLVM the value ranges it shapes loops by (the persistent matmul's tile loop lost its unrolled producer); no stdlib
+    kernel negates an integer."""
+    out = nvrtc.compile(gen.source, gen.name, arch)
+    if out.ptx is None or NEGATION.search(out.ptx):
+        out = nvrtc.compile(gen.source, gen.name, arch, ["-DNK_OPAQUE"])
+    return out

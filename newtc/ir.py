@@ -115,16 +115,12 @@ def buffer_bytes(v: "Value") -> int:
     return v.type.numel * v.type.dtype.elem.itemsize * v.type.dtype.slots
 
 
-def constant(v: "Value", defs: dict):
-    """The value's constant, through splats, broadcasts and conversions of it; None if it is not one."""
+def is_zero(v: "Value", defs: dict) -> bool:
+    """The value is a constant 0, through splats, broadcasts and conversions of it."""
     op = defs.get(id(v))
     while op is not None and op.kind in ("splat", "broadcast", "convert"):
         op = defs.get(id(op.args[0]))
-    return op.attrs["value"] if op is not None and op.kind == "const" else None
-
-
-def is_zero(v: "Value", defs: dict) -> bool:
-    return constant(v, defs) == 0
+    return op is not None and op.kind == "const" and op.attrs["value"] == 0
 
 
 def root_buffer(v: "Value", defs: dict) -> "Op":

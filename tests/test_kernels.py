@@ -2,6 +2,8 @@
 
 Each compares with torch on fresh random inputs, outputs poisoned with NaN (or -1) first.
 """
+import re
+
 import pytest
 import torch
 
@@ -27,14 +29,17 @@ kernel row_argmax(x, out, n_cols, BLOCK: constexpr):
     v = load(x + row * n_cols + cols, mask=cols < n_cols, other=-inf)
     store(out + row, argmax(v, axis=0))
 
-# Per row of 4 (each thread's registers): the least and the largest of the values negated, written three ways.
+# Per row of 4 (each thread's registers): the least and the largest of the values negated, written four ways (the
+# last one LLVM's: q - (v + q) is -v, q the row reversed).
 kernel negated_extremes(x, lo, hi, n_rows, BM: constexpr):
     rows = program_id(0) * BM + arange(0, BM)
     cols = arange(0, 4)
     mask = rows[:, None] < n_rows
     v = load(x + rows[:, None] * 4 + cols[None, :], mask=mask, other=0)
+    q = load(x + rows[:, None] * 4 + (3 - cols)[None, :], mask=mask, other=0)
     store(lo + rows[:, None] * 4 + cols[None, :], min(-v, axis=1)[:, None] + v, mask=mask)
-    store(hi + rows[:, None] * 4 + cols[None, :], max(0 - v, axis=1)[:, None] + min(v * -1, axis=1)[:, None], mask=mask)
+    hi_ = max(0 - v, axis=1) + min(v * -1, axis=1) + max(q - (v + q), axis=1)
+    store(hi + rows[:, None] * 4 + cols[None, :], hi_[:, None], mask=mask)
 
 # A square tile plus its rows' least values, transposed: the transpose goes through shared memory, read back by
 # ldmatrix for 16-bit values where the layouts line up (BM 32 on 4 warps).
@@ -94,13 +99,18 @@ def test_argmax_across_warps_verifies(mod, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.int64])
 def test_negated_integers_into_min_and_max(mod, device, dtype):
     """ptxas 12.6-13.3 fold a negation into sm_90's three-way integer min/max (VIMNMX3) and drop it for one operand:
-    min(-a, -b, -c, -d) came out as min(-a, b, -c, -d), found by test_random_kernels on an H200 (NVRTC 13.0). LLVM
-    makes the same negation of 0 - x and x * -1."""
+    min(-a, -b, -c, -d) came out as min(-a, b, -c, -d), found by test_random_kernels on an H200 (NVRTC 13.0), twice:
+    once written -x, once LLVM's own (q - (v + q)). A kernel whose PTX negates a 32-bit or narrower integer is built
+    with its min and max operands through nk_opaque's identity prmt (compiler.compile_cuda)."""
     x = torch.randint(-1000, 1000, (1000, 4), dtype=dtype, device=device)
     lo, hi = (torch.full_like(x, -7) for _ in range(2))
-    mod.negated_extremes[(-(-1000 // 64),)](x, lo, hi, 1000, BM=64, num_warps=1)
+    args, meta = (x, lo, hi, 1000), dict(BM=64, num_warps=1)
+    if device == "cpu" and dtype != torch.int64:  # (64-bit min/max has no three-way form)
+        for arch in ("sm_80", "sm_90a"):
+            assert re.search(r"prmt\.b32 \S+, \S+, 0, 0x3210;", mod.negated_extremes.ptx(*args, arch=arch, **meta))
+    mod.negated_extremes[(-(-1000 // 64),)](*args, **meta)
     assert torch.equal(lo, (-x).amin(1, keepdim=True) + x)
-    assert torch.equal(hi, ((-x).amax(1, keepdim=True) + (-x).amin(1, keepdim=True)).expand_as(x))
+    assert torch.equal(hi, (2 * (-x).amax(1, keepdim=True) + (-x).amin(1, keepdim=True)).expand_as(x))
 
 
 @pytest.mark.parametrize("device", devices())

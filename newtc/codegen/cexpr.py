@@ -94,6 +94,12 @@ def cstring(s: str) -> str:
     return '"' + "".join(chr(b) if 32 <= b < 127 and chr(b) not in '"\\?' else f"\\{b:03o}" for b in s.encode()) + '"'
 
 
+def opaque(x: str, dt) -> str:
+    """x as a value ptxas cannot see a negation in, where an integer min, max or where of 32 bits or less chooses it
+    (prelude's nk_opaque, an identity unless compiler.compile_cuda asks for it)."""
+    return f"nk_opaque({x})" if isinstance(dt, DType) and dt.is_int and dt.bits <= 32 else x
+
+
 def elementwise(kind: str, dts: list, out, xs: list[str], fn: str | None = None) -> str:
     """C expression for one register of an elementwise op; dts are the operand dtypes (fn: a libm op's function)."""
     dt = dts[0]
@@ -104,7 +110,8 @@ def elementwise(kind: str, dts: list, out, xs: list[str], fn: str | None = None)
     if kind == "bitcast":
         return f"nk_bitcast<{ctype(out)}>({xs[0]})"
     if kind == "where":
-        return f"({xs[0]} ? {xs[1]} : {xs[2]})"
+        e = f"({xs[0]} ? {opaque(xs[1], out)} : {opaque(xs[2], out)})"
+        return narrow(e, out) if isinstance(out, DType) and out.is_int else e  # (nk_opaque widens narrow ones)
     if kind == "ptradd":
         return f"({xs[0]} + {xs[1]})"
     ws = [widen(x, d) for x, d in zip(xs, dts)]
@@ -124,9 +131,10 @@ def elementwise(kind: str, dts: list, out, xs: list[str], fn: str | None = None)
         if flt:
             e = f"{'f' + kind[:3] + ('' if dt == f64 else 'f')}({ws[0]}, {ws[1]})"
         else:
-            e = f"({ws[0]} {'<' if kind == 'minimum' else '>'} {ws[1]} ? {ws[0]} : {ws[1]})"
+            a, b = (opaque(w, dt) for w in ws)
+            e = f"({a} {'<' if kind == 'minimum' else '>'} {b} ? {a} : {b})"
     elif kind == "neg":
-        e = f"nk_ineg({ws[0]})" if dt.is_int and dt.bits <= 32 else f"(-{ws[0]})"
+        e = f"(-{ws[0]})"
     elif kind == "not":
         e = f"(!{ws[0]})" if dt.kind == "b" else f"(~{ws[0]})"
     elif kind == "abs" and not flt:

@@ -70,10 +70,14 @@ __device__ __forceinline__ float nk_exp(float x) { return nk_exp2(x * 1.44269504
 __device__ __forceinline__ float nk_log2(float x) { float y; asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 __device__ __forceinline__ float nk_log(float x) { return nk_log2(x) * 0.6931471805599453f; }
 __device__ __forceinline__ float nk_div(float a, float b) { float y; asm("div.full.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b)); return y; }
-// Integer negation as ~x + 1 through an asm not: ptxas 12.6-13.3 folds a plain negation into a three-way VIMNMX3 min
-// or max on sm_90 and drops it there (min(-a, -b, -c) came out as min(-a, b, -c)); a not is no operand it folds.
-__device__ __forceinline__ unsigned nk_ineg(unsigned x) { unsigned r; asm("not.b32 %0, %1;" : "=r"(r) : "r"(x)); return r + 1u; }
-__device__ __forceinline__ int nk_ineg(int x) { return (int)nk_ineg((unsigned)x); }
+// The values integer min, max and where choose from: through an asm ptxas cannot see a negation in (an identity prmt)
+// where compiler.compile_cuda defines NK_OPAQUE (ptxas 12.6-13.3 drop a negation folded into sm_90's VIMNMX3).
+#ifdef NK_OPAQUE
+__device__ __forceinline__ unsigned nk_opaque(unsigned x) { unsigned y; asm("prmt.b32 %0, %1, 0, 0x3210;" : "=r"(y) : "r"(x)); return y; }
+__device__ __forceinline__ int nk_opaque(int x) { return (int)nk_opaque((unsigned)x); }
+#else
+#define nk_opaque(x) (x)
+#endif
 template <class T, class U> __device__ __forceinline__ T nk_bitcast(U u) { union { U u; T t; } b; b.u = u; return b.t; }
 template <class T> __device__ __forceinline__ T nk_zero() { T t{}; return t; }
 // A warp shuffle of any value of up to 8 bytes (16-bit floats, bools and narrow integers travel in 32 bits).

@@ -44,7 +44,9 @@ def reduce_regs(cg, kind: str, dt, xs: list[str], layout: Layout, axis: int, spa
     cg.emit(f"{t} {acc}[{n}];" + (f" int {idx}[{n}];" if arg else ""))
     stmts = []
     for i, js in sorted(groups.items()):
-        level = [(cexpr.widen(xs[j], dt), cg.coord(layout, j, axis) if arg else None) for j in js]
+        # (an arg* step's select is a min or max to LLVM too: its values go in as min and max take theirs)
+        level = [(cexpr.opaque(cexpr.widen(xs[j], dt), adt) if arg else cexpr.widen(xs[j], dt),
+                  cg.coord(layout, j, axis) if arg else None) for j in js]
         while len(level) > 1:  # pairwise, as a tree: log2(n) dependent steps instead of a chain of n
             pairs, level = level, []
             for (a, ai), (b, bi) in zip(pairs[::2], pairs[1::2]):

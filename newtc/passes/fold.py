@@ -1,8 +1,4 @@
-"""Canonicalization before the analyses: an integer negation written `0 - x` or `x * -1` becomes `-x`, and
-`x + dot(a, b)` becomes `dot(a, b, x)`.
-
-Codegen writes an integer `-x` in a form ptxas cannot fold into a min or max (cexpr, `nk_ineg`): ptxas 12.6-13.3 drop
-the sign of a negation folded into sm_90's three-way VIMNMX3. LLVM turns `0 - x` and `x * -1` into that negation too.
+"""Canonicalization before the analyses: `x + dot(a, b)` becomes `dot(a, b, x)`.
 
 A dot from zeros whose only reader adds it to x accumulates into x instead: the tensor cores add in their own
 accumulator registers, so the sum needs no second tile of f32 registers and no elementwise pass (the backward
@@ -15,19 +11,6 @@ from __future__ import annotations
 
 from .. import ir
 from ..types import FP8
-
-
-def canonical_negations(k: ir.Kernel) -> ir.Kernel:
-    defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
-    for op in ir.walk(k.body):
-        if op.kind not in ("sub", "mul") or not op.result.type.dtype.is_int:
-            continue
-        pairs = [op.args] if op.kind == "sub" else [op.args, op.args[::-1]]
-        for c, x in pairs:
-            if ir.constant(c, defs) == (0 if op.kind == "sub" else -1) and x.type == op.result.type:
-                op.kind, op.args = "neg", [x]
-                break
-    return k
 
 
 def fold_accumulators(k: ir.Kernel) -> ir.Kernel:
