@@ -799,11 +799,8 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
             waves = tiles / sms if _stream_k(tiles, steps, sms, arch, tile[:2]) else _cdiv(tiles, sms)
             return MATMUL_TILES[tile] * m * n / (waves * sms * tile[0] * tile[1])
 
-        def shared_sm(tile: tuple) -> bool:  # two programs fit an SM: a thread's accumulator registers and ~26 more
-            bm, bn, warps, _ = tile
-            return resident(Gpu(), warps, bm * bn // (32 * warps) + 26) >= 2
         short = steps <= SHORT_K
-        bm, bn, warps, stages = max((t for t in MATMUL_TILES if not short or shared_sm(t)), key=work)
+        bm, bn, warps, stages = max((t for t in MATMUL_TILES if not short or _per_sm(*t[:3]) >= 2), key=work)
         cfg = dict(BM=bm, BN=bn, BK=64, num_warps=warps, num_stages=stages)
     cfg["BK"] = cfg["BK"] * 2 // itemsize  # 128 bytes of K a step (wgmma's swizzled rows), 256 with few rows
     cfg["BK"] = min(cfg["BK"], max(16, _pow2(k)))
@@ -828,16 +825,29 @@ def _stream_k(tiles: int, steps: int, sms: int, arch: str = "sm_90a", tile: tupl
     return tiles % sms + sms
 
 
-def _splits(tiles: int, k_bytes: int, sms: int, arch: str = "sm_90a") -> int:
+def _per_sm(bm: int, bn: int, warps: int, smem_bytes: int = 0, arch: str = "sm_90a") -> int:
+    """The programs of a BM x BN tile on `warps` warps an SM holds: by a thread's accumulator registers and ~26 more,
+    and by the shared memory of its ring (smem_bytes; a program may take all the SM has, less 1 KB)."""
+    held = smem.LIMIT.get(arch, 48 * 1024) // smem_bytes if smem_bytes else Gpu.ctas
+    return min(held, resident(Gpu(), warps, bm * bn // (32 * warps) + 26))
+
+
+def _splits(tiles: int, k_bytes: int, sms: int, per_sm: int = 1, arch: str = "sm_90a") -> int:
     """The programs each tile's K is split over (stdlib matmul_split): as many as fill one wave, each share SPLIT_BYTES
-    of a row's K or more, so only tiles that fill half of the SMs or less split; none off sm_90a (measured on an H200
-    only). The shares add their sums by vector reductions (red.v4, four f32 a lane), which with a share's fixed costs
-    pay where the shares are long (H200, the unsplit tile split: f16 300x260x8192 in 5 1.6x, 16x1024x16384 in 4 1.83x,
-    256x256x32768 in 8 3.5x, 512x512x16384 in 2 1.42-1.47x, 640x384x8192 1.28x, 256x1024x4096 1.05x, 48x2048x8192
-    1.10x; fp8 512x512x16384 1.30x; but shares of 2 KB lost: f16 512x512x2048 0.79x, 128x2048x2048 0.89x, fp8
-    512x512x4096 0.86x). Tiles made bigger so as to be split lost too (333x4096x1000 to 512x512x16384, 0.2-0.66x, with
-    an atomic a value): ops splits the tile chosen unsplit."""
-    return max(1, min(sms // tiles, k_bytes // SPLIT_BYTES)) if arch == "sm_90a" else 1
+    of a row's K or more, so only tiles that fill half of the SMs or less split; where an SM holds per_sm programs of
+    the tile, as many as fill those too, each share twice as long: a second program on a busy SM gains less than an
+    idle SM does (H200, f16 and bf16, 64x64 tiles two an SM, 36-128 tiles, K 8192-16384: 1.07-1.31x the split of one
+    program an SM, one product 0.98x; shares of SPLIT_BYTES at 96-130 tiles lost up to 7%); none off sm_90a (measured
+    on an H200 only). The shares add their sums by vector reductions (red.v4, four f32 a lane), which with a share's
+    fixed costs pay where the shares are long (H200, the unsplit tile split: f16 300x260x8192 in 5 1.6x, 16x1024x16384
+    in 4 1.83x, 256x256x32768 in 8 3.5x, 512x512x16384 in 2 1.42-1.47x, 640x384x8192 1.28x, 256x1024x4096 1.05x,
+    48x2048x8192 1.10x; fp8 512x512x16384 1.30x; but shares of 2 KB lost: f16 512x512x2048 0.79x, 128x2048x2048 0.89x,
+    fp8 512x512x4096 0.86x). Tiles made bigger so as to be split lost too (333x4096x1000 to 512x512x16384, 0.2-0.66x,
+    with an atomic a value; 512x4096x11008 in 128x256 split 2 ran 1.05x 128x128 unsplit, 128x11008x4096 0.88x): ops
+    splits the tile chosen unsplit."""
+    if arch != "sm_90a":
+        return 1
+    return max(1, min(sms // tiles, k_bytes // SPLIT_BYTES), min(sms * per_sm // tiles, k_bytes // (2 * SPLIT_BYTES)))
 
 
 def _tma_ready(t: Tensor) -> bool:
@@ -882,7 +892,8 @@ def _matmul_plan(a: Tensor, b: Tensor, sms: int, arch: str, out: int) -> tuple[d
     cfg = _matmul_config(m, n, k, item, arch, sms)
     tiles = _cdiv(m, cfg["BM"]) * _cdiv(n, cfg["BN"])
     sk = _stream_k(tiles, _cdiv(k * item, 128), sms, arch, (cfg["BM"], cfg["BN"])) if m > DECODE else 0
-    splits = _splits(tiles, k * item, sms, arch)
+    ring = (cfg["BM"] + cfg["BN"]) * cfg["BK"] * item * cfg["num_stages"]
+    splits = _splits(tiles, k * item, sms, _per_sm(cfg["BM"], cfg["BN"], cfg["num_warps"], ring, arch), arch)
     if sk or tiles <= sms or m <= DECODE or arch != "sm_90a" or item > 2 or not (_tma_ready(a) and _tma_ready(b)):
         return dict(GROUP_M=8, **cfg), sms if sk else tiles * splits, sk, splits
     return dict(GROUP_M=8, WS=True, HALVES=True, **_matmul_config(m, n, k, item, arch, sms, ws=out)), sms, 0, 1

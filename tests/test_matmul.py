@@ -310,13 +310,19 @@ def test_split_k_runs(m, n, k, splits):
 
 def test_few_tiles_split_their_k_steps_over_the_sms():
     """Where the tiles fill half of the SMs or less, each tile's K goes to as many programs as fill one wave, a share
-    SPLIT_BYTES of K at least; not off sm_90a. So 300x260x8192 f16 takes 25 tiles of 64x64, 4 programs each."""
+    SPLIT_BYTES of K at least; where an SM holds two programs of the tile, as many as fill both, a share twice as
+    long; not off sm_90a. So 300x260x8192 f16 takes 25 tiles of 64x64, 4 programs each, and 768x512x12288 96, 2 each
+    (64x64 in 6 slots of 16 KB: two an SM)."""
     assert [ops._splits(t, kb, 132) for t, kb in ((8, 65536), (33, 65536), (34, 65536), (66, 8192), (67, 65536),
                                                    (8, 8191), (1, 4096))] == [16, 4, 3, 2, 1, 1, 1]
-    assert ops._splits(8, 65536, 132, "sm_80") == 1
-    a, b = torch.empty(300, 8192, dtype=torch.float16, device="meta"), torch.empty(8192, 260, dtype=torch.float16)
-    meta, grid, sk, splits = ops._matmul_plan(a, b.to("meta"), 132, "sm_90a", 2)
-    assert (meta["BM"], meta["BN"], grid, sk, splits) == (64, 64, 100, 0, 4)
+    assert [ops._splits(t, kb, 132, 2) for t, kb in ((96, 16384), (96, 8192), (64, 32768), (64, 8192), (128, 16384),
+                                                      (133, 65536))] == [2, 1, 4, 2, 2, 1]
+    assert ops._splits(8, 65536, 132, 2, arch="sm_80") == 1
+    assert ops._per_sm(64, 64, 4, 6 * 16384) == 2 and ops._per_sm(64, 128, 4, 6 * 24576) == 1
+    for m, n, k, grid, splits in ((300, 260, 8192, 100, 4), (768, 512, 12288, 192, 2)):
+        a, b = (torch.empty(shape, dtype=torch.float16, device="meta") for shape in ((m, k), (k, n)))
+        meta, got_grid, sk, got_splits = ops._matmul_plan(a, b, 132, "sm_90a", 2)
+        assert (meta["BM"], meta["BN"], got_grid, sk, got_splits) == (64, 64, grid, 0, splits)
 
 
 @pytest.mark.parametrize("programs, sk_tiles, k", [(3, 2, 90), (4, 3, 40), (5, 6, 200), (7, 12, 33), (2, 12, 16)])
