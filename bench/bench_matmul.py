@@ -12,8 +12,9 @@ not 16-byte aligned), f16 (and every third in bf16): where _matmul_config's choi
 each side log-uniform from 1 (M) or 16 (N, K) to 16384, at most 2^36 multiply-adds: cliffs no list foresaw (only
 that table).
 --splits times, on products whose tiles fill one wave or less (SPLIT_SHAPES), ops.matmul as it plans them against each
-tile of ops.MATMUL_TILES with its K split over 1-4 programs (stdlib matmul_split, whose shares sum by vector
-reductions): whether a bigger tile split would beat the smaller one unsplit that ops picks.
+tile of SPLIT_TILES (ops.MATMUL_TILES and 128x64) with its K split over 1-8 programs (shares of 1024 K or more;
+stdlib matmul_split, whose shares sum by vector reductions), and cuBLAS: whether another tile split would beat the one
+ops picks and splits.
 --sweep also times newt's kernel over a grid of tile configurations on 4096^3 and, without --quick, on the LLM shape
 16384x4096x4096 (to tune ops._matmul_config):
 warp-specialized (ws) or not, a program per tile or persistent (a program per SM walking the tiles), in clusters that
@@ -247,20 +248,23 @@ def sweep_configs(quick: bool, shapes: list, dtypes: tuple = ()) -> Table:
     return Table("newt matmul configurations", rows)
 
 
-# products of one wave of tiles or less, f16, where ops.matmul trails cuBLAS by 20-40% (twenty-eighth session)
-SPLIT_SHAPES = [(512, 4096, 11008), (128, 11008, 4096), (1079, 254, 4866), (512, 512, 16384), (640, 384, 8192),
-                (256, 1024, 4096)]
+# products of one wave of tiles or less, f16, where ops.matmul trails cuBLAS by 17-40% (28th and 29th sessions)
+SPLIT_SHAPES = [(512, 4096, 11008), (128, 11008, 4096), (512, 512, 16384), (640, 384, 8192), (256, 1024, 4096),
+                (512, 1024, 4096), (1024, 512, 8192), (768, 512, 12288)]
+SPLIT_TILES = [(128, 64, 4, 4)]  # besides MATMUL_TILES: two programs an SM (4 slots of 24 KB), wgmma's 64 columns
 
 
 def sweep_splits(quick: bool, shapes: list) -> Table:
-    """ops.matmul against each tile of MATMUL_TILES split over 1-4 programs a tile (f16)."""
+    """ops.matmul and cuBLAS against each tile of MATMUL_TILES and SPLIT_TILES split over 1-8 programs a tile (f16)."""
     import torch
     import newtc.ops as ops
     rows = []
     for m, n, k in shapes:
         a, b = operands(torch.float16, m, n, k)
-        fns = {"ops.matmul": lambda: newt(a, b)}
-        for (bm, bn, warps, slots), s in itertools.product(ops.MATMUL_TILES, (1, 2, 3, 4)):
+        fns = {"ops.matmul": lambda: newt(a, b), "cuBLAS": lambda: a @ b}
+        for (bm, bn, warps, slots), s in itertools.product([*ops.MATMUL_TILES, *SPLIT_TILES], (1, 2, 3, 4, 6, 8)):
+            if k // s < 1024:
+                continue
             meta = dict(BM=bm, BN=bn, BK=64, GROUP_M=8, num_warps=warps, num_stages=slots)
             fns[f"{bm}x{bn} split {s}"] = functools.partial(split_product, a, b, s, meta)
         for config, t in measure_all(fns, close(a.float() @ b.float()), quick).items():
