@@ -303,8 +303,7 @@ def cuda(module, kernel: str, sig: dict, consts: dict):
 
 @functools.lru_cache(maxsize=None)
 def compiled(s: Spec, arch: str):
-    gen = generated(s, arch)
-    out = nvrtc.compile(gen.source, gen.name, arch)
+    out = compiler.compile_cuda(generated(s, arch), arch)  # as a launch builds it
     return out, nvrtc.disassemble(out.cubin)
 
 
