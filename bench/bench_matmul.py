@@ -12,7 +12,7 @@ not 16-byte aligned), f16 (and every third in bf16): where _matmul_config's choi
 each side log-uniform from 1 (M) or 16 (N, K) to 16384, at most 2^36 multiply-adds: cliffs no list foresaw (only
 that table).
 --splits times, on products whose tiles fill one wave or less (SPLIT_SHAPES), ops.matmul as it plans them against each
-tile of SPLIT_TILES (ops.MATMUL_TILES and 128x64) with its K split over 1-8 programs (shares of 1024 K or more;
+tile of ops.MATMUL_TILES and SPLIT_TILES (128x64) with its K split over 1-8 programs (shares of 1024 K or more;
 stdlib matmul_split, whose shares sum by vector reductions), and cuBLAS: whether another tile split would beat the one
 ops picks and splits.
 --sweep also times newt's kernel over a grid of tile configurations on 4096^3 and, without --quick, on the LLM shape

@@ -11,8 +11,8 @@ from .overlap import overlap
 from .pipeline import pipeline, split_dots
 from .smem import insert_barriers, plan_smem
 
-PASSES = [drop_dead, fold_accumulators, analyze_axes, assign_layouts, lower_shared, pipeline,
-          split_dots, overlap, plan_smem, insert_barriers]
+PASSES = [drop_dead, fold_accumulators, analyze_axes, assign_layouts, lower_shared, pipeline, split_dots, overlap,
+          plan_smem, insert_barriers]
 
 
 def run_passes(k: ir.Kernel) -> ir.Kernel:
