@@ -893,7 +893,10 @@ def _matmul_plan(a: Tensor, b: Tensor, sms: int, arch: str, out: int) -> tuple[d
     tiles = _cdiv(m, cfg["BM"]) * _cdiv(n, cfg["BN"])
     sk = _stream_k(tiles, _cdiv(k * item, 128), sms, arch, (cfg["BM"], cfg["BN"])) if m > DECODE else 0
     ring = (cfg["BM"] + cfg["BN"]) * cfg["BK"] * item * cfg["num_stages"]
-    splits = _splits(tiles, k * item, sms, _per_sm(cfg["BM"], cfg["BN"], cfg["num_warps"], ring, arch), arch)
+    # a second program an SM counts where it was measured: 16-bit products past DECODE rows (tf32's decoding tiles
+    # would split too, unmeasured)
+    per_sm = _per_sm(cfg["BM"], cfg["BN"], cfg["num_warps"], ring, arch) if item == 2 and m > DECODE else 1
+    splits = _splits(tiles, k * item, sms, per_sm, arch)
     if sk or tiles <= sms or m <= DECODE or arch != "sm_90a" or item > 2 or not (_tma_ready(a) and _tma_ready(b)):
         return dict(GROUP_M=8, **cfg), sms if sk else tiles * splits, sk, splits
     return dict(GROUP_M=8, WS=True, HALVES=True, **_matmul_config(m, n, k, item, arch, sms, ws=out)), sms, 0, 1
