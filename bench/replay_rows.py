@@ -2,18 +2,20 @@
 
     python bench/replay_rows.py A/sweep.json B/sweep.json ... [--unmeasured] [--write FILE.json]
                                 [--below R --neighbours K]
-    python bench/replay_rows.py bench/data/sweep-*.json.gz    # the full sweeps measured so far
+    python bench/replay_rows.py bench/data/sweep-*-graph-*.json.gz    # the graph sweeps so far, oldest first
 
-Each sweep.json (bench_sweep.py; gzipped in bench/data) records, per point, the plan newt ran (`plan`), its time,
-the better of Triton and torch, and with --plans the times of other plans (`plans`). For every point, the plan the
-model picks now is looked up among the sweeps that ran that plan (their times averaged), and set against the
-better of Triton and torch averaged over all the sweeps of the point (a single run's others move 3-7% on launches
-of a few microseconds). Reports the geometric mean of newt/best and the points under 0.95 over the points whose
-plan some sweep measured, per op; --unmeasured lists the others (the points to measure next), and --write saves them
-with their plans for `bench_sweep.py --only FILE.json` (with --below R and --neighbours K, also the measured points
-under R, each to be timed with K of its plan's neighbours: where the model might do better). The sweeps' GPU is
-taken to be an H200 (the plans of meta tensors: newtc.gpu.Gpu's defaults). A point's sweeps must have timed it
-the same way (`timing`: a graph of launches, or flushed runs; sweeps before graphs were all flushed).
+Each sweep.json (bench_sweep.py; gzipped in bench/data) records, per point, the plan newt ran (`plan`), its time, the
+better of Triton and torch, and with --plans the times of other plans (`plans`). For every point, the plan the model
+picks now is looked up among the sweeps that ran that plan (the last one given that did: kernels change between sweeps
+under the same plan names, as layer norm f16 over rows of 11008 did, 1.12x faster after the twenty-second session's
+f16 conversion, so list the sweeps oldest first), and set against the better of Triton and torch averaged over all the
+sweeps of the point (a single run's others move 3-7% on launches of a few microseconds). Reports the geometric mean of
+newt/best and the points under 0.95 over the points whose plan some sweep measured, per op; --unmeasured lists the
+others (the points to measure next), and --write saves them with their plans for `bench_sweep.py --only FILE.json`
+(with --below R and --neighbours K, also the measured points under R, each to be timed with K of its plan's
+neighbours: where the model might do better). The sweeps' GPU is taken to be an H200 (the plans of meta tensors:
+newtc.gpu.Gpu's defaults). A point's sweeps must have timed it the same way (`timing`: a graph of launches, or flushed
+runs; sweeps before graphs were all flushed).
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ def replay(paths: list[str]) -> tuple[list[dict], list[tuple]]:
                        if isinstance(t, float))
             unmeasured.append((best, (*key, plan, model)))
             continue
-        points.append({"op": key[0], "key": key, "ratio": other / statistics.fmean(times)})
+        points.append({"op": key[0], "key": key, "ratio": other / times[-1]})
     return points, [u for _, u in sorted(unmeasured, key=lambda u: u[0])]
 
 
