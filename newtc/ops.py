@@ -5,7 +5,8 @@ CPU tensors run through the interpreter, CUDA tensors on the GPU. The file reads
   cross-entropy, layer norm, RMS norm);
 - launching: the general path, and the cached one a repeated call of the same shape takes;
 - the ops;
-- the same ops registered as torch custom ops (`torch.ops.newt.*`), so that torch.compile traces them.
+- the same ops registered as torch custom ops (`torch.ops.newt.*`), so that torch.compile traces them and
+  autograd differentiates them (with torch's own gradients).
 """
 from __future__ import annotations
 
@@ -601,7 +602,7 @@ def _transposed(x: Tensor) -> tuple:
 # ---- the public ops: the bound path of a known key, else the general path ------------------------------
 def softmax(x: Tensor) -> Tensor:
     """Softmax over the last dimension."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.requires_grad and torch.is_grad_enabled():
         return torch.ops.newt.softmax(x)
     key = ("softmax", x.shape, x.stride(), x.dtype, x.get_device())
     bound = _fast.get(key)
@@ -612,7 +613,7 @@ def softmax(x: Tensor) -> Tensor:
 
 def log_softmax(x: Tensor) -> Tensor:
     """Log-softmax over the last dimension."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.requires_grad and torch.is_grad_enabled():
         return torch.ops.newt.log_softmax(x)
     key = ("log_softmax", x.shape, x.stride(), x.dtype, x.get_device())
     bound = _fast.get(key)
@@ -625,7 +626,7 @@ def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
     """Per-row loss (reduction='none') over the last dimension of the logits, with int64 (or int32) class
     targets, in f32: logsumexp(row) - row[target]. A target of -100 (torch's ignore_index) gives 0, any other
     outside [0, n) NaN (torch raises there)."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or logits.requires_grad and torch.is_grad_enabled():
         return torch.ops.newt.cross_entropy(logits, target)
     key = ("cross_entropy", logits.shape, logits.stride(), logits.dtype, logits.get_device(), target.dtype,
            target.shape, target.stride())
@@ -637,7 +638,8 @@ def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
 
 def layernorm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = 1e-5) -> Tensor:
     """Layer norm over the last dimension, with weight and (optional) bias."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or (x.requires_grad or weight.requires_grad or bias is not None and
+                                         bias.requires_grad) and torch.is_grad_enabled():
         return torch.ops.newt.layernorm(x, weight, bias, eps)
     b = bias if bias is not None else weight
     key = ("layernorm", x.shape, x.stride(), x.dtype, x.get_device(), weight.dtype, weight.stride(),
@@ -650,7 +652,7 @@ def layernorm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = 1e-5)
 
 def rmsnorm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     """RMS norm over the last dimension, with weight."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or (x.requires_grad or weight.requires_grad) and torch.is_grad_enabled():
         return torch.ops.newt.rmsnorm(x, weight, eps)
     key = ("rmsnorm", x.shape, x.stride(), x.dtype, x.get_device(), weight.dtype, weight.stride())
     bound = _fast.get(key)
@@ -669,28 +671,28 @@ def _reduce(x: Tensor, op: str) -> Tensor:
 
 def sum(x: Tensor) -> Tensor:  # noqa: A001 - mirrors torch.sum over the last dim
     """Sum over the last dimension."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.requires_grad and torch.is_grad_enabled():
         return torch.ops.newt.sum(x)
     return _reduce(x, "sum")
 
 
 def mean(x: Tensor) -> Tensor:
     """Mean over the last dimension."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.requires_grad and torch.is_grad_enabled():
         return torch.ops.newt.mean(x)
     return _reduce(x, "mean")
 
 
 def amax(x: Tensor) -> Tensor:
     """Maximum over the last dimension."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.requires_grad and torch.is_grad_enabled():
         return torch.ops.newt.amax(x)
     return _reduce(x, "amax")
 
 
 def add(x: Tensor, y: Tensor) -> Tensor:
     """x + y, broadcast, in x's dtype."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or (x.requires_grad or y.requires_grad) and torch.is_grad_enabled():
         return torch.ops.newt.add(x, y)
     key = ("add", x.shape, x.stride(), x.dtype, x.get_device(), y.shape, y.stride(), y.dtype)
     bound = _fast.get(key)
@@ -701,7 +703,7 @@ def add(x: Tensor, y: Tensor) -> Tensor:
 
 def bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
     """gelu(x + bias) (exact, erf form) with bias broadcast over the last dimension."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or (x.requires_grad or bias.requires_grad) and torch.is_grad_enabled():
         return torch.ops.newt.bias_gelu(x, bias)
     key = ("bias_gelu", x.shape, x.stride(), x.dtype, x.get_device(), bias.shape, bias.stride(), bias.dtype)
     bound = _fast.get(key)
@@ -712,7 +714,7 @@ def bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
 
 def transpose(x: Tensor) -> Tensor:
     """A contiguous transpose of a 2-D tensor (rows may be strided)."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.requires_grad and torch.is_grad_enabled():
         return torch.ops.newt.transpose(x)
     key = ("transpose", x.shape, x.stride(), x.dtype, x.get_device())
     bound = _fast.get(key)
@@ -722,24 +724,67 @@ def transpose(x: Tensor) -> Tensor:
 
 
 # ---- torch custom ops: torch.ops.newt.*, traced by torch.compile without a graph break ------------------
-def _register(fn, fake) -> None:
-    """`fn` as the custom op torch.ops.newt.<its name>, with `fake` for tracing (fake and meta tensors).
-    The ops above call it only while torch.compile traces; eagerly they skip the dispatcher (~50 us)."""
-    torch.library.custom_op(f"newt::{fn.__name__}", fn, mutates_args=()).register_fake(fake)
+def _register(fn, fake, ref) -> None:
+    """`fn` as the custom op torch.ops.newt.<its name>, with `fake` for tracing (fake and meta tensors) and the
+    gradient of `ref`, the same op in torch (`_ref_grad`). The ops above call it while torch.compile traces and
+    where autograd wants a gradient (an input that requires one, grad mode on); otherwise they skip the dispatcher
+    (~50 us a call)."""
+    op = torch.library.custom_op(f"newt::{fn.__name__}", fn, mutates_args=())
+    op.register_fake(fake)
+    op.register_autograd(_ref_grad(ref), setup_context=_save_inputs)
+
+
+def _save_inputs(ctx, inputs, output) -> None:  # the tensors through autograd's saving, the rest (eps) in place
+    ctx.tensors = [isinstance(x, Tensor) for x in inputs]
+    ctx.others = [None if t else x for x, t in zip(inputs, ctx.tensors)]
+    ctx.save_for_backward(*(x for x, t in zip(inputs, ctx.tensors) if t))
+
+
+def _ref_grad(ref):
+    """The backward of an op: the vector-Jacobian product of `ref` (torch's own op, the same math) recomputed at the
+    saved inputs, so that a newt forward trains with torch's gradients."""
+    def backward(ctx, grad):
+        saved = iter(ctx.saved_tensors)
+        inputs = [next(saved).detach().requires_grad_(need) if t else x
+                  for t, x, need in zip(ctx.tensors, ctx.others, ctx.needs_input_grad)]
+        wanted = [x for x, need in zip(inputs, ctx.needs_input_grad) if need]
+        with torch.enable_grad():
+            grads = iter(torch.autograd.grad(ref(*inputs), wanted, grad))
+        return tuple(next(grads) if need else None for need in ctx.needs_input_grad)
+    return backward
 
 
 def _fake_add(x: Tensor, y: Tensor) -> Tensor:
     return x.new_empty(torch.broadcast_shapes(x.shape, y.shape))
 
 
-for _fn, _fake in ((softmax, lambda x: _like(x)[0]), (log_softmax, lambda x: _like(x)[0]),
-                   (cross_entropy, lambda logits, target: _losses(logits)[0]),
-                   (layernorm, lambda x, weight, bias, eps=1e-5: _like(x)[0]),
-                   (rmsnorm, lambda x, weight, eps=1e-6: _like(x)[0]),
-                   (sum, lambda x: _reduced(x)[0]), (mean, lambda x: _reduced(x)[0]), (amax, lambda x: _reduced(x)[0]),
-                   (add, _fake_add), (bias_gelu, lambda x, bias: _like(x)[0]),
-                   (transpose, lambda x: _transposed(x)[0])):
-    _register(_fn, _fake)
+def _ref_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
+    """torch's loss over the rows of any leading shape, in f32 as ops.cross_entropy gives it."""
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1).long(),
+                                             reduction="none").reshape(logits.shape[:-1])
+
+
+def _ref_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = 1e-5, rms: bool = False) -> Tensor:
+    """torch's layer or RMS norm in f32 (ops' norms take a weight and bias of other dtypes than x), in x's dtype."""
+    f = torch.nn.functional
+    w, b = weight.float(), None if bias is None else bias.float()
+    y = f.rms_norm(x.float(), x.shape[-1:], w, eps) if rms else f.layer_norm(x.float(), x.shape[-1:], w, b, eps)
+    return y.to(x.dtype)
+
+
+for _fn, _fake, _ref in (
+        (softmax, lambda x: _like(x)[0], lambda x: torch.softmax(x, -1)),
+        (log_softmax, lambda x: _like(x)[0], lambda x: torch.log_softmax(x, -1)),
+        (cross_entropy, lambda logits, target: _losses(logits)[0], _ref_cross_entropy),
+        (layernorm, lambda x, weight, bias, eps=1e-5: _like(x)[0], _ref_norm),
+        (rmsnorm, lambda x, weight, eps=1e-6: _like(x)[0],
+         lambda x, weight, eps=1e-6: _ref_norm(x, weight, None, eps, rms=True)),
+        (sum, lambda x: _reduced(x)[0], lambda x: x.sum(-1)), (mean, lambda x: _reduced(x)[0], lambda x: x.mean(-1)),
+        (amax, lambda x: _reduced(x)[0], lambda x: x.amax(-1)),
+        (add, _fake_add, lambda x, y: (x + y).to(x.dtype)),
+        (bias_gelu, lambda x, bias: _like(x)[0], lambda x, bias: torch.nn.functional.gelu(x + bias).to(x.dtype)),
+        (transpose, lambda x: _transposed(x)[0], lambda x: x.t())):
+    _register(_fn, _fake, _ref)
 
 
 # ---- matmul -------------------------------------------------------------------------------------------
@@ -870,6 +915,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
     column-major: b = bt.t(), as torch._scaled_mm takes it): other layouts are copied so first; and in large
     products or long K loops, operands whose rows sit off 16 bytes (which TMA cannot copy) are first copied into aligned
     rows."""
+    if torch.compiler.is_compiling() or (a.requires_grad or b.requires_grad or bias is not None and bias.requires_grad
+                                         or scale_a is not None and scale_a.requires_grad
+                                         or scale_b is not None and scale_b.requires_grad) and torch.is_grad_enabled():
+        return torch.ops.newt.matmul(a, b, bias, activation, out_dtype, scale_a, scale_b)
     key = ("matmul", a.shape, a.stride(), a.dtype, b.shape, b.stride(), b.dtype, a.get_device(), activation,
            *((t.shape, t.stride(), t.dtype) if t is not None else None for t in (bias, scale_a, scale_b)), out_dtype)
     bound = _fast.get(key)
@@ -954,6 +1003,27 @@ def _copies(views: list, m: int, n: int, k: int, arch: str, key) -> tuple[list, 
     return out, key
 
 
+def _product_dtype(a: Tensor, out_dtype: torch.dtype | None) -> torch.dtype:
+    """matmul's output dtype: out_dtype, by default a's (bf16 for fp8)."""
+    return out_dtype or (torch.bfloat16 if a.dtype in FP8 else a.dtype)
+
+
+def _ref_matmul(a: Tensor, b: Tensor, bias: Tensor | None = None, activation: str | None = None,
+                out_dtype: torch.dtype | None = None, scale_a: Tensor | None = None,
+                scale_b: Tensor | None = None) -> Tensor:
+    """torch's product in f32 with matmul's scales, bias and activation, in its output dtype (for the gradient)."""
+    y = a.float() @ b.float()
+    if scale_a is not None:
+        y = y * scale_a.reshape(-1, 1) * scale_b.reshape(1, -1)
+    y = y if bias is None else y + bias.float()
+    y = torch.relu(y) if activation == "relu" else torch.nn.functional.gelu(y) if activation == "gelu" else y
+    return y.to(_product_dtype(a, out_dtype))
+
+
+_register(matmul, lambda a, b, bias=None, activation=None, out_dtype=None, scale_a=None, scale_b=None:
+          a.new_empty((a.shape[0], b.shape[1]), dtype=_product_dtype(a, out_dtype)), _ref_matmul)
+
+
 def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, out_dtype: torch.dtype | None,
             scale_a: Tensor | None = None, scale_b: Tensor | None = None, key=None) -> Tensor:
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
@@ -961,7 +1031,7 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None, o
     _float(a, "matmul", fp8=True)
     if b.dtype != a.dtype:
         raise NkError(f"matmul operands must share a dtype, got {a.dtype} and {b.dtype}")
-    out_dtype = out_dtype or (torch.bfloat16 if a.dtype in FP8 else a.dtype)
+    out_dtype = _product_dtype(a, out_dtype)
     if out_dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise NkError(f"matmul's out_dtype is f32, f16 or bf16, got {out_dtype}")
     if activation not in (None, "relu", "gelu"):
