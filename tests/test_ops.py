@@ -84,6 +84,29 @@ def test_reductions(device, dtype):
 
 
 @pytest.mark.parametrize("device", devices())
+def test_nan_and_inf_as_in_torch(device):
+    """Rows holding a NaN or an infinity (anywhere in the row, past the first column block too) give NaN where torch
+    does: the language's maximum returns the non-NaN operand (fmaxf), which amax and matmul's relu must not."""
+    n = 5000 if device == "cuda" else 300
+    x = torch.randn(6, n, device=device) * 3
+    x[1, 7], x[2, n - 1], x[3, 0], x[4, n // 2] = float("nan"), float("nan"), float("inf"), -float("inf")
+    w, b, t = torch.randn(n, device=device), torch.randn(n, device=device), torch.randint(0, n, (6,), device=device)
+    a, m = torch.randn(6, 64, device=device), torch.randn(64, 32, device=device)
+    a[1, 5], a[3, 0] = float("nan"), float("inf")
+    cases = [(name, out, ref) for name, out, ref in row_ops(x, w, b, t)] + [
+        ("sum", ops.sum(x), x.sum(-1)), ("mean", ops.mean(x), x.mean(-1)), ("amax", ops.amax(x), x.amax(-1)),
+        ("add", ops.add(x, b), x + b), ("bias_gelu", ops.bias_gelu(x, b), F.gelu(x.double() + b.double())),  # f32 on the CPU: gelu(inf) NaN
+        ("matmul relu", ops.matmul(a, m, activation="relu"), F.relu(a.double() @ m.double())),
+        ("matmul gelu", ops.matmul(a, m, activation="gelu"), F.gelu(a.double() @ m.double()))]
+    for name, out, ref in cases:
+        assert torch.equal(out.isnan(), ref.isnan()), f"{name}: NaN at {out.isnan().nonzero().tolist()}, " \
+                                                       f"torch's at {ref.isnan().nonzero().tolist()}"
+        finite = ref.isfinite()
+        assert torch.equal(out[~finite & ~ref.isnan()], ref[~finite & ~ref.isnan()].to(out.dtype)), name
+        torch.testing.assert_close(out[finite].double(), ref[finite].double(), rtol=2e-2, atol=2e-2, msg=name)
+
+
+@pytest.mark.parametrize("device", devices())
 def test_strided_and_batched_inputs(device):
     base = torch.randn(33, 1500, device=device)
     check_row_ops(base[:, 100:1100], torch.float32)  # rows 1500 apart, 1000 columns: output contiguous
