@@ -13,13 +13,14 @@ import torch
 from newtc import ast as A
 from newtc.check import BINOPS, CONSTANTS, MATH, REDUCTIONS, fold, is_constexpr_annot
 from newtc.errors import NkError
+from newtc.interpret import extremum
 from newtc.types import DTYPES
 
 TORCH = {"bool": torch.bool, "i8": torch.int8, "i16": torch.int16, "i32": torch.int32, "i64": torch.int64,
          "u8": torch.uint8, "f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64,
          "f8e4m3": torch.float8_e4m3fn, "f8e5m2": torch.float8_e5m2}
 DTYPE_OF = {t: DTYPES[n] for n, t in TORCH.items()}
-ATOMICS = {"atomic_add": torch.add, "atomic_max": torch.maximum, "atomic_min": torch.minimum}
+ATOMICS = {"atomic_add": torch.add, "atomic_max": torch.fmax, "atomic_min": torch.fmin}  # as maximum, minimum
 
 
 Tile = NamedTuple("Tile", [("begin", int), ("end", int), ("size", int), ("index", torch.Tensor)])  # the oracle's: [0, size)
@@ -229,10 +230,10 @@ def _math(name):
 
 
 def _reduce(name):
-    def run(it, x, axis=None, keep_dims=False):
-        x = x.int() if name == "sum" and x.dtype == torch.bool else x
-        r = getattr(torch, {"max": "amax", "min": "amin"}.get(name, name))(x, dim=axis, keepdim=keep_dims)
-        return r.int() if name.startswith("arg") else r
+    def run(it, x, axis=None, keep_dims=False):  # max and min NaN-ignoring, as the kernels (torch.amax keeps a NaN)
+        if name == "sum":
+            return (x.int() if x.dtype == torch.bool else x).sum(dim=axis, keepdim=keep_dims)
+        return extremum(name, x, axis, keep_dims).to(torch.int32 if name.startswith("arg") else x.dtype)
     return run
 
 

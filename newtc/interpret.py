@@ -215,18 +215,21 @@ def _reduce(st, op, x):
     dt, out = op.args[0].type.dtype, op.result.type.dtype
     if kind == "sum":  # ints sum in int64 and wrap back; f16/bf16 accumulate in f32
         return _fit(_up(x).sum(axis, keepdim=keep), out)
-    if dt == T.u64:  # with the sign bit flipped, signed order is unsigned order
-        x = x ^ _I64_MIN
-    x = _up(x)
+    flip = dt == T.u64  # with the sign bit flipped, signed order is unsigned order
+    r = extremum(kind, _up(x ^ _I64_MIN if flip else x), axis, keep)
+    return _fit(r ^ _I64_MIN if flip and kind in ("max", "min") else r, out)
+
+
+def extremum(kind: str, x: torch.Tensor, axis: int | None, keep: bool = False) -> torch.Tensor:
+    """max, min, argmax or argmin of x along axis (None: all of it) as a kernel reduces: NaN-ignoring, like a tree of
+    fmaxf/fminf (a NaN only where all are NaN), the first index among ties (torch's rule). deuteron's oracle too."""
     nan = x.isnan() if x.is_floating_point() else None
-    if nan is not None:  # NaN-ignoring, like a tree of fmaxf/fminf
+    if nan is not None:
         x = torch.where(nan, float("-inf") if kind in ("max", "argmax") else float("inf"), x)
     fn = {"max": torch.amax, "min": torch.amin, "argmax": torch.argmax, "argmin": torch.argmin}[kind]
     r = fn(x, axis, keepdim=keep)
-    if kind in ("max", "min"):
-        r = r ^ _I64_MIN if dt == T.u64 else r
-        r = torch.where(nan.all(axis, keepdim=keep), float("nan"), r) if nan is not None else r
-    return _fit(r, out)  # argmax/argmin: first index among ties (torch's rule)
+    return torch.where(nan.all(axis, keepdim=keep), float("nan"), r) if nan is not None and kind in ("max", "min") \
+        else r
 
 
 def _dot(st, op, a, b, acc):

@@ -150,6 +150,29 @@ tile rowstats(x):
         close(got[1], want[1], x.dtype)
 
 
+
+def test_the_oracle_reduces_a_nan_as_the_kernels_do():
+    """A NaN among a row's values: max and argmax ignore it, and atomic_max keeps the larger operand, in the oracle
+    as in the kernels (maximum's fmaxf; torch.amax and torch.maximum keep a NaN). A row of NaN alone gives NaN where
+    its block has no padding, and the padding's -inf where it has: not a case the oracle can follow."""
+    fn = deuteron.compile("""\
+tile nanstats(x):
+    top = empty([x.shape[0]], f32)
+    idx = empty([x.shape[0]], i32)
+    best = full([1], -inf, f32)
+    for tm in tiles(x.shape[0]):
+        top[tm] = max(x[tm, :], axis=1)
+        idx[tm] = argmax(x[tm, :], axis=1)
+        atomic_max(best[0], max(max(x[tm, :], axis=1), axis=0))
+    return top, idx, best
+""", "nanstats.nk").nanstats
+    x = rand(9, 40)
+    x[1, 3], x[4, :39], x[6, 39] = float("nan"), float("nan"), float("nan")
+    clean = torch.where(x.isnan(), float("-inf"), x)
+    want = (clean.amax(1), clean.argmax(1).int(), clean.amax().reshape(1))
+    for got in (fn(x, eager=True), fn(x, config=dict(block_tm=4))):
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), (got, want)
+
 BMM = """\
 tile bmm(x, y):
     out = empty([x.shape[0], x.shape[1], y.shape[2]], f32)
