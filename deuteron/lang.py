@@ -231,9 +231,8 @@ def _math(name):
 
 def _reduce(name):
     def run(it, x, axis=None, keep_dims=False):  # max and min NaN-ignoring, as the kernels (torch.amax keeps a NaN)
-        if name == "sum":
-            return (x.int() if x.dtype == torch.bool else x).sum(dim=axis, keepdim=keep_dims)
-        return extremum(name, x, axis, keep_dims).to(torch.int32 if name.startswith("arg") else x.dtype)
+        return (x.int() if x.dtype == torch.bool else x).sum(dim=axis, keepdim=keep_dims) if name == "sum" else \
+            extremum(name, x, axis, keep_dims).to(torch.int32 if name.startswith("arg") else x.dtype)
     return run
 
 
