@@ -1055,6 +1055,10 @@ def check(module: A.Module, name: str, spec) -> ir.Kernel:
         raise NkError(f"num_stages={spec.num_stages!r} must be an integer from 1 to {MAX_STAGES}", d.span)
     if type(spec.num_ctas) is not int or spec.num_ctas not in CLUSTERS:
         raise NkError(f"num_ctas={spec.num_ctas!r} must be 1, 2, 4 or 8 (a portable cluster)", d.span)
+    most = min(255, 65536 // (32 * spec.num_warps))  # an SM's 64K registers must hold one program's threads
+    if type(spec.maxnreg) is not int or spec.maxnreg and not 16 <= spec.maxnreg <= most:
+        raise NkError(f"maxnreg={spec.maxnreg!r} must be an integer from 16 to {most} (0: no cap)", d.span,
+                      f"{32 * spec.num_warps} threads share an SM's 65536 registers")
     if spec.num_ctas > 1 and int("".join(filter(str.isdigit, spec.arch))) < 90:
         raise NkError(f"num_ctas={spec.num_ctas}: clusters need sm_90 or later, not {spec.arch}", d.span,
                       "launch with num_ctas=1 on this GPU")

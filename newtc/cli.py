@@ -57,6 +57,8 @@ def parser() -> argparse.ArgumentParser:
                    help="slots of the cp.async ring feeding dot in runtime loops (default: 1)")
     p.add_argument("--num-ctas", type=count("1, 2, 4 or 8", lambda n: n in check.CLUSTERS), default=1, metavar="N",
                    help="CTAs a cluster (sm_90): programs launched together that may share TMA copies (default: 1)")
+    p.add_argument("--maxnreg", type=count("from 16 to 255", lambda n: 16 <= n <= 255), default=0, metavar="N",
+                   help="registers a thread may use at most, as Triton's maxnreg (default: the compiler's choice)")
     p.add_argument("--arch", default="sm_90a", type=arch,
                    help="GPU architecture for ptx/cubin/sass: sm_XY[a], or compute_XY[a] for PTX only (default: sm_90a)")
     p.add_argument("--emit", choices=["ast", "ir", "cuda", "ptx", "cubin", "sass"], default="cuda",
@@ -161,7 +163,7 @@ def emit(args, module: A.Module, filename: str):
     aligned = frozenset(sig) if args.aligned == "all" else frozenset(filter(None, args.aligned.split(",")))
     eights, ones, positive = (tuple(filter(None, n.split(","))) for n in (args.eights, args.ones, args.positive))
     spec = Spec.of(sig, consts, num_warps=args.num_warps, num_stages=args.num_stages, num_ctas=args.num_ctas,
-                   aligned=aligned, eights=eights, ones=ones, positive=positive, arch=args.arch)
+                   maxnreg=args.maxnreg, aligned=aligned, eights=eights, ones=ones, positive=positive, arch=args.arch)
     return stage_text(module, d.name, spec, args.emit)
 
 

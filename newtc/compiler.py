@@ -28,6 +28,7 @@ class Spec:
     num_warps: int = 4
     num_stages: int = 1
     num_ctas: int = 1  # CTAs a cluster (sm_90): launched together, they may share TMA copies (multicast)
+    maxnreg: int = 0  # registers a thread may use at most (0: as many as the threads leave, up to 255)
     idx64: bool = False  # 64-bit offsets: a tensor argument spans 2 GiB or more
     aligned: tuple = ()  # parameters that are multiples of 16 (ints) or 16-byte aligned (pointers)
     eights: tuple = ()  # int parameters that are odd multiples of 8: the rows of 16-bit elements they count are

@@ -37,7 +37,7 @@ _SRC = Path(__file__).resolve().parent
 # The compiler's own version: a hash of its source, so a changed compiler never reuses old binaries.
 VERSION = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(_SRC.rglob("*.py")))).hexdigest()[:16]
 INTERPRET = flag("NEWT_INTERPRET")  # read once: the launch path stays free of lookups
-OPTIONS = ("num_warps", "num_stages", "num_ctas")  # launch options: meta that is not a constexpr
+OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")  # launch options: meta that is not a constexpr
 
 
 @contextlib.contextmanager

@@ -27,7 +27,8 @@ def record(filename: str, kernel: str, spec) -> None:
         return
     data = {"file": real, "kernel": kernel, "sig": [f"{n}={t.name}" for n, t in spec.sig],
             "defines": [f"{n}={v.name if isinstance(v, DType) else repr(v)}" for n, v in spec.constexprs],
-            "num_warps": spec.num_warps, "num_stages": spec.num_stages, "num_ctas": spec.num_ctas, "idx64": spec.idx64,
+            "num_warps": spec.num_warps, "num_stages": spec.num_stages, "num_ctas": spec.num_ctas,
+            "maxnreg": spec.maxnreg, "idx64": spec.idx64,
             "aligned": list(spec.aligned), "eights": list(spec.eights), "ones": list(spec.ones),
             "positive": list(spec.positive), "arch": spec.arch}
     path = _path(real, kernel)

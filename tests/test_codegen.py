@@ -964,3 +964,18 @@ def test_wgmma_runs_beside_the_math_that_does_not_need_it(kernel, order):
               for m in re.findall(r"(wgmma\.commit_group|wgmma\.wait_group\.sync\.aligned (\d)|nk_exp2\()", body)]
     events = [e for i, e in enumerate(events) if e != "exp2" or events[i - 1] != "exp2"]  # a run of exp2 is one
     assert events == [e if e.startswith(("wait", "exp2")) else "commit" for e in order]
+
+
+def test_maxnreg_caps_a_threads_registers():
+    """ops caps the registers of RMS norm on 1024 x 5120 halves at 64 so that 8 programs fit an SM, one wave of 1024
+    (NVRTC takes 65 without: 7 an SM); the cap holds at any value the threads leave."""
+    x2, w = torch.randn(1024, 5120, dtype=torch.float16), torch.randn(5120, dtype=torch.float16)
+    (kernel, _, args, meta), *_ = ops._norm_steps(x2, True, False)[0]
+    values = (x2, w, w, 1e-6, torch.empty_like(x2))
+    args = tuple(values[a.i] if isinstance(a, ops._In) else a for a in args)
+    assert meta["maxnreg"] == 64
+    for cap in (64, 40):
+        out = kernel.output(args, dict(meta, maxnreg=cap), "cubin", "sm_90a")
+        assert f"__maxnreg__({cap})" in out.cuda.source
+        used = {int(r) for r in re.findall(r"\bR(\d+)\b", nvrtc.disassemble(out.binary.cubin))}
+        assert max(used) < cap and max(used) >= cap - 16  # the cap binds, and leaves a row's values registers

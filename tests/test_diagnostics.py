@@ -793,6 +793,8 @@ def test_bad_arguments_name_the_parameter(arg, message):
     ({"B": 4, "num_warps": 4.0}, 1, "num_warps=4.0 must be a power of two"),
     ({"B": 4, "num_warps": "4"}, 1, "num_warps='4' must be a power of two"),
     ({"B": 4, "num_stages": 0}, 1, "num_stages=0 must be an integer from 1 to 32"),
+    ({"B": 4, "maxnreg": 8}, 1, "maxnreg=8 must be an integer from 16 to 255"),
+    ({"B": 4, "num_warps": 32, "maxnreg": 72}, 1, "maxnreg=72 must be an integer from 16 to 64"),
     ({"B": 4, "num_stages": 2**64 + 5}, 1, "num_stages=18446744073709551621 must be an integer from 1 to 32"),
 ])
 def test_bad_meta_values_are_named(meta, col, message):

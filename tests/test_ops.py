@@ -307,6 +307,10 @@ def test_plan_covers_every_shape(op):
                         assert p.rows * (p.block + p.tail) * itemsize <= 32 * p.warps * ops.THREAD_BYTES
                     else:  # rows off 16-byte boundaries mask every element: their loops step through fewer a thread
                         assert p.block == (ops.SHIFTED_ELEMS if shift else ops.LOOP_ELEMS) * 32 * p.warps
+                    if p.kind == "rows" and p.regs:  # a cap on registers fits the launch in one wave
+                        per_sm = ops.resident(Gpu(), p.warps, p.regs)
+                        assert ops._cdiv(rows, p.rows) <= Gpu().sms * per_sm and p.regs < 255
+                        assert p.rows * (p.block + p.tail) // (32 * p.warps) + 24 <= p.regs
                     if p.kind == "split":
                         assert 2 <= p.parts <= ops.MAX_PARTS and p.chunk % p.block == 0
                         assert (p.parts - 1) * p.chunk < n + lead <= p.parts * p.chunk
@@ -340,6 +344,9 @@ def test_plan_shapes_the_launch_to_the_input():
     # a launch of many waves streams its rows: 2 warps hold a tile of up to 4 KB (64 bytes a thread); one wave keeps 4
     assert [ops.plan("cross_entropy", rows, 1024, 2, False, g).warps for rows in (32768, 4096)] == [2, 4]
     assert ops.plan("softmax", 32768, 4096, 2, False, g).warps == 4
+    # 1024 rows of 5120 halves fit one wave at 8 programs an SM: registers capped at 64 (NVRTC would take 65 for f16),
+    # where more rows than a wave holds at 4 warps get no cap
+    assert [ops.plan("rmsnorm", rows, 5120, 2, False, g).regs for rows in (1024, 2048)] == [64, 0]
     # fewer SMs: a smaller GPU needs fewer chunks to fill
     small = ops.plan("cross_entropy", 8, 128256, 2, False, Gpu(sms=16))
     assert small.parts < ops.plan("cross_entropy", 8, 128256, 2, False, g).parts

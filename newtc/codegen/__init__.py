@@ -320,10 +320,12 @@ class Codegen:
         self.region(k.body)
         threads = 32 * k.spec.num_warps + (128 if self.producer else 0)
         symbol = f"nk_{k.name}"  # prefixed: a kernel named like a CUDA builtin (norm, exp) must not clash
-        bounds = f"{threads}, 1" if self.producer else f"{threads}"  # setmaxnreg: one program per SM
+        # setmaxnreg: one program per SM; a cap on registers replaces the bound (NVRTC takes one or the other)
+        bounds = f"__launch_bounds__({threads}, 1)" if self.producer else \
+            f"__maxnreg__({k.spec.maxnreg})" if k.spec.maxnreg else f"__launch_bounds__({threads})"
         cluster = f" __cluster_dims__({k.spec.num_ctas}, 1, 1)" if k.spec.num_ctas > 1 else ""
         lines = [PRELUDE.strip(), "",
-                 f'extern "C" __global__ void __launch_bounds__({bounds}){cluster} {symbol}({", ".join(params)}) {{',
+                 f'extern "C" __global__ void {bounds}{cluster} {symbol}({", ".join(params)}) {{',
                  "  extern __shared__ __align__(1024) unsigned char nk_smem[];  // swizzle atoms are 1024 bytes",
                  "  const int nk_tid = threadIdx.x, nk_lane = nk_tid & 31, nk_warp = nk_tid >> 5;",
                  *(["  const unsigned nk_sbase = (unsigned)__cvta_generic_to_shared(nk_smem);"] if k.smem_bytes else []),
