@@ -13,7 +13,7 @@ import torch
 from newtc import ast as A
 from newtc.check import BINOPS, CONSTANTS, MATH, REDUCTIONS, fold, is_constexpr_annot
 from newtc.errors import NkError
-from newtc.interpret import extremum
+from newtc.interpret import extremum, f2i
 from newtc.types import DTYPES
 
 TORCH = {"bool": torch.bool, "i8": torch.int8, "i16": torch.int16, "i32": torch.int32, "i64": torch.int64,
@@ -200,8 +200,9 @@ class Interp:
         return OPS[op](self.tensor(a), self.tensor(b))
 
     def e_Call(self, e, env):
-        if isinstance(e.func, A.Attribute) and e.func.attr == "to":
-            return self.tensor(self.expr(e.func.value, env)).to(TORCH[self.expr(e.args[0], env).name])
+        if isinstance(e.func, A.Attribute) and e.func.attr == "to":  # float -> int saturates, NaN -> 0, as the kernels
+            x, dt = self.tensor(self.expr(e.func.value, env)), self.expr(e.args[0], env)
+            return (f2i(x, dt) if x.is_floating_point() and dt.is_int else x).to(TORCH[dt.name])
         f = self.expr(e.func, env)
         if f in ATOMICS:  # the first argument is a place
             return self.assign(e.args[0], ATOMICS[f](self.expr(e.args[0], env), self.expr(e.args[1], env)), env)
@@ -273,7 +274,6 @@ BUILTINS = {
     "maximum": lambda it, a, b: torch.fmax(it.tensor(a), it.tensor(b)),
     "where": lambda it, c, a, b: torch.where(it.tensor(c), a, b),
     "cdiv": lambda it, a, b: it.binop("//", it.binop("+", a, b - 1), b),
-    "fma": lambda it, a, b, c: a * b + c,
+    "fma": lambda it, a, b, c: a * b + c, "grid": lambda it, n: range(int(n)),
     "trans": lambda it, x, *dims: x.permute(*(dims or reversed(range(x.dim())))),
-    "grid": lambda it, n: range(int(n)),
 }

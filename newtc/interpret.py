@@ -108,7 +108,7 @@ def _binary(kind: str, a, b, dt: T.DType, out: T.DType) -> torch.Tensor:
     return _fit(_BIN[kind](_up(a), _up(b)), out)
 
 
-def _f2i(x: torch.Tensor, dt: T.DType) -> torch.Tensor:
+def f2i(x: torch.Tensor, dt: T.DType) -> torch.Tensor:
     """Float -> int truncates toward zero and saturates, NaN -> 0 (PTX cvt.rzi), as int64 bits."""
     lo, hi = (0, 2 ** dt.bits - 1) if dt.kind == "u" else (-2 ** (dt.bits - 1), 2 ** (dt.bits - 1) - 1)
     x = torch.nan_to_num(x.double(), nan=0.0)
@@ -134,7 +134,7 @@ def _cast(st, op, x, bitcast=False):
     if dst == T.bool_:
         return x != 0
     if src.is_float and dst.is_int:
-        return _fit(_f2i(x, dst), dst)
+        return _fit(f2i(x, dst), dst)
     if src == T.u64 and dst.is_float:
         x = torch.from_numpy(_np(x).astype(np.float64))
     return _fit(x, dst)

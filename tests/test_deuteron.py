@@ -173,6 +173,26 @@ tile nanstats(x):
     for got in (fn(x, eager=True), fn(x, config=dict(block_tm=4))):
         assert all(torch.equal(g, w) for g, w in zip(got, want)), (got, want)
 
+
+def test_the_oracle_casts_a_float_to_an_int_as_the_kernels_do():
+    """A float out of an int's range saturates and NaN gives 0 (PTX cvt.rzi), in the oracle as in the kernels (torch's
+    cast wraps or gives the type's minimum)."""
+    fn = deuteron.compile("""\
+tile toint(x):
+    wide = empty([x.shape[0], x.shape[1]], i32)
+    narrow = empty([x.shape[0], x.shape[1]], u8)
+    for tm in tiles(x.shape[0]):
+        wide[tm, :] = x[tm, :].to(i32)
+        narrow[tm, :] = x[tm, :].to(u8)
+    return wide, narrow
+""", "toint.nk").toint
+    x = rand(6, 8) * 400 - 200
+    x[0, 0], x[1, 1], x[2, 2], x[3, 3], x[4, 4] = float("nan"), 3e9, -3e9, float("inf"), float("-inf")
+    exact = x.double().nan_to_num(0.0, 1e300, -1e300)
+    want = exact.clamp(-2 ** 31, 2 ** 31 - 1).long().int(), exact.clamp(0, 255).long().to(torch.uint8)
+    for got in (fn(x, eager=True), fn(x, config=dict(block_tm=4))):
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), (got, want)
+
 BMM = """\
 tile bmm(x, y):
     out = empty([x.shape[0], x.shape[1], y.shape[2]], f32)
