@@ -947,7 +947,10 @@ def _matmul_plan(a: Tensor, b: Tensor, sms: int, arch: str, out: int) -> tuple[d
     ones wgmma takes as they are), a program per SM walking the tiles, with a producer warpgroup that loads the next
     tile's K steps while the consumers store this one (H200, f16 and bf16, 4096^3, 8192^3, 2048x14336x4096,
     16384x4096x4096: 1.00-1.03x a program a tile; 4096x4096x512 1.09x; fp8 4096^3 and 8192^3 1.06x). tf32's B is not
-    read by asynchronous wgmma from its TMA copy, so no producer takes its loop."""
+    read by asynchronous wgmma from its TMA copy, so no producer takes its loop. A wave of tiles or fewer takes the
+    producer too where one consumer warpgroup holds 128 rows (a 16-bit 128x128 tile on 4 warps), which without it
+    waits on its own loads: 1.17-1.27x on 14 products of 64-128 tiles (H200, f16 and bf16, 512x4096x8192 to
+    1024x2048x16384); two warpgroups (128x256) cover each other's waits (0.97-1.03x), and 64 rows gain nothing."""
     (m, k), n = a.shape, b.shape[1]
     item = _mma_bytes(a, b, arch)
     cfg = _matmul_config(m, n, k, item, arch, sms)
@@ -958,9 +961,10 @@ def _matmul_plan(a: Tensor, b: Tensor, sms: int, arch: str, out: int) -> tuple[d
     # would split too, unmeasured)
     per_sm = _per_sm(cfg["BM"], cfg["BN"], cfg["num_warps"], ring, arch) if item == 2 and m > DECODE else 1
     splits = _splits(tiles, k * item, sms, per_sm, arch)
-    if sk or tiles <= sms or m <= DECODE or arch != "sm_90a" or item > 2 or not (_tma_ready(a) and _tma_ready(b)):
+    lone = item == 2 and splits == 1 and (cfg["BM"], cfg["num_warps"]) == (128, 4)  # one warpgroup of 128 rows
+    if sk or tiles <= sms and not lone or m <= DECODE or arch != "sm_90a" or item > 2 or not (_tma_ready(a) and _tma_ready(b)):
         return dict(GROUP_M=8, **cfg), sms if sk else tiles * splits, sk, splits
-    return dict(GROUP_M=8, WS=True, HALVES=True, **_matmul_config(m, n, k, item, arch, sms, ws=out)), sms, 0, 1
+    return dict(GROUP_M=8, WS=True, HALVES=True, **_matmul_config(m, n, k, item, arch, sms, ws=out)), min(tiles, sms), 0, 1
 
 
 def _mma_bytes(a: Tensor, b: Tensor, arch: str) -> int:

@@ -260,7 +260,9 @@ SPECS = [
     *matmul("matmul", "f16-odd", f16, 1000, 1001, 100, *MMA),
     *matmul("matmul", "f16-a-transposed", f16, 4096, 4096, 4096, *TMA, transposed=True),  # A too: its boxes transposed
     *matmul("matmul", "f32-tf32", f32, 1024, 1024, 1024, "HMMA", "sm_80:LDGSTS", "sm_90a:UTMALDG"),
-    *matmul("matmul", "f16-512x4096", f16, 512, 4096, 1024, *TMA),  # the tiles by shape: 128x128 on 4 warps
+    *matmul("matmul", "f16-512x4096", f16, 512, 4096, 1024, *TMA, archs=("sm_80",)),  # the tiles by shape: 128x128
+    # on 4 warps; on sm_90a a wave of them takes a producer warpgroup too
+    *matmul("matmul", "f16-512x4096-ws", f16, 512, 4096, 1024, *TMA, "USETMAXREG", ws=True, archs=("sm_90a",)),
     *matmul("matmul", "f16-512", f16, 512, 512, 512, *TMA),  # 64x64, 6 slots
     *matmul("matmul_fused", "f16-gelu", f16, 4096, 4096, 4096, *TMA, activation="gelu"),
     *matmul("matmul_sk", "f16-3072-gelu", f16, 3072, 3072, 3072, *TMA, activation="gelu",  # stream-K
