@@ -184,7 +184,8 @@ def torch_dtype(name: str):
 
 def plan_name(p) -> str:
     """A row plan (newtc.ops.Plan) in a few characters, as rows_check names them."""
-    return {"rows": f"rows b{p.block}+{p.tail} r{p.rows} w{p.warps}" + (f" n{p.regs}" if p.regs else ""), "split": f"split w{p.warps} p{p.parts}",
+    cap = f" n{p.regs}" if p.regs else ""  # a register cap
+    return {"rows": f"rows b{p.block}+{p.tail} r{p.rows} w{p.warps}{cap}", "split": f"split w{p.warps} p{p.parts}",
             "looped": f"looped w{p.warps} e{p.block // (32 * p.warps)}"}[p.kind]
 
 

@@ -39,7 +39,8 @@ from .types import DTYPES
 DIRECTIVE = re.compile(r"^\s*#\s*newt:\s*sig\b(.*)$")
 ITEM = re.compile(r"""([A-Za-z_]\w*)\s*=\s*("[^"]*"|'[^']*'|[^\s,]+)""")
 DEBOUNCE_S = 0.05  # a change is checked when no other follows within this time
-OPTIONS = {"num_warps": int, "num_stages": int, "num_ctas": int, "maxnreg": int, "arch": str}  # directive items that are not parameters
+# directive items that are not parameters
+OPTIONS = {"num_warps": int, "num_stages": int, "num_ctas": int, "maxnreg": int, "arch": str}
 ATTRIBUTES = {"to": "x.to(dtype, bitcast=False): convert, or reinterpret the bits", "T": "x.T: trans(x)",
               "dtype": "x.dtype: the dtype (compile-time)", "shape": "x.shape: the shape, a tuple of ints (compile-time)"}
 RANGES = {"range": "range(end) | range(start, end, step=1, num_stages=, unroll=): a runtime loop",
@@ -329,8 +330,8 @@ class Document:
         sig, defines = cli.parse_sig(_Reject(span), r["sig"]), cli.parse_defines(_Reject(span), r["defines"])
         if {*sig, *defines} - {p.name for p in d.params}:
             raise NkError("stale record", span)
-        options = {k: r[k] for k in ("num_warps", "num_stages", "num_ctas", "maxnreg", "idx64", "aligned", "eights", "ones",
-                                     "positive", "arch") if k in r}
+        options = {k: r[k] for k in ("num_warps", "num_stages", "num_ctas", "maxnreg", "idx64", "aligned", "eights",
+                                     "ones", "positive", "arch") if k in r}
         return sig, defines, options, f"the last launch (recorded {_ago(r['time'])})"
 
     # ---- positions ---------------------------------------------------------------------------------

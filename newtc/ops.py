@@ -438,6 +438,10 @@ def _configure(op: str, x2: Tensor, out_stride: int) -> tuple[Plan, dict]:
     return plan(op, rows, n, s, shift, gpu(x2.get_device()), grouped), meta
 
 
+def _rows_meta(p: Plan, meta: dict) -> dict:
+    return dict(BLOCK=p.block, TAIL=p.tail, ROWS=p.rows, num_warps=p.warps, maxnreg=p.regs, **meta)
+
+
 def _looped_meta(p: Plan, meta: dict) -> dict:
     return dict(BLOCK=p.block, WARPS=p.warps, num_warps=p.warps, **meta)
 
@@ -460,7 +464,7 @@ def _softmax_steps(x2: Tensor, log: bool) -> tuple:
     mod = _stdlib("softmax")
     if p.kind == "rows":
         return [(mod.softmax, (_cdiv(rows, p.rows),), (A, B, rows, n, stride, n),
-                 dict(BLOCK=p.block, TAIL=p.tail, ROWS=p.rows, LOG=log, num_warps=p.warps, maxnreg=p.regs, **meta))], _like
+                 dict(LOG=log, **_rows_meta(p, meta)))], _like
     if p.kind == "looped":
         return [(mod.softmax_looped, (rows,), (A, B, n, stride, n), dict(LOG=log, **_looped_meta(p, meta)))], _like
     return [(mod.row_partials, (p.parts, rows), (A, C, n, stride, p.blocks), _looped_meta(p, meta)),
@@ -488,7 +492,7 @@ def _cross_entropy_steps(x2: Tensor) -> tuple:
     mod = _stdlib("softmax")
     if p.kind == "rows":
         return [(mod.cross_entropy, (_cdiv(rows, p.rows),), (A, B, C, rows, n, stride),
-                 dict(BLOCK=p.block, TAIL=p.tail, ROWS=p.rows, num_warps=p.warps, maxnreg=p.regs, **meta))], _losses
+                 _rows_meta(p, meta))], _losses
     if p.kind == "looped":
         return [(mod.cross_entropy_looped, (rows,), (A, B, C, n, stride), _looped_meta(p, meta))], _losses
     return [(mod.row_partials, (p.parts, rows), (A, D, n, stride, p.blocks), _looped_meta(p, meta)),
@@ -516,7 +520,7 @@ def _norm_steps(x2: Tensor, rms: bool, bias: bool) -> tuple:
     mod = _stdlib("norm")
     if p.kind == "rows":
         return [(mod.norm, (_cdiv(rows, p.rows),), (A, B, C, E, rows, n, stride, n, D),
-                 dict(BLOCK=p.block, TAIL=p.tail, ROWS=p.rows, RMS=rms, BIAS=bias, num_warps=p.warps, maxnreg=p.regs, **meta))], _like
+                 dict(RMS=rms, BIAS=bias, **_rows_meta(p, meta)))], _like
     if p.kind == "looped":
         return [(mod.norm_looped, (rows,), (A, B, C, E, n, stride, n, D),
                  dict(RMS=rms, BIAS=bias, **_looped_meta(p, meta)))], _like
@@ -962,9 +966,11 @@ def _matmul_plan(a: Tensor, b: Tensor, sms: int, arch: str, out: int) -> tuple[d
     per_sm = _per_sm(cfg["BM"], cfg["BN"], cfg["num_warps"], ring, arch) if item == 2 and m > DECODE else 1
     splits = _splits(tiles, k * item, sms, per_sm, arch)
     lone = item == 2 and splits == 1 and (cfg["BM"], cfg["num_warps"]) == (128, 4)  # one warpgroup of 128 rows
-    if sk or tiles <= sms and not lone or m <= DECODE or arch != "sm_90a" or item > 2 or not (_tma_ready(a) and _tma_ready(b)):
+    if sk or tiles <= sms and not lone or m <= DECODE or arch != "sm_90a" or item > 2 or \
+            not (_tma_ready(a) and _tma_ready(b)):
         return dict(GROUP_M=8, **cfg), sms if sk else tiles * splits, sk, splits
-    return dict(GROUP_M=8, WS=True, HALVES=True, **_matmul_config(m, n, k, item, arch, sms, ws=out)), min(tiles, sms), 0, 1
+    cfg = _matmul_config(m, n, k, item, arch, sms, ws=out)  # the same tile, its ring beside the staged output
+    return dict(GROUP_M=8, WS=True, HALVES=True, **cfg), min(tiles, sms), 0, 1
 
 
 def _mma_bytes(a: Tensor, b: Tensor, arch: str) -> int:

@@ -127,8 +127,9 @@ def test_fp8_matmul_scales(device, scales):
         check(ops.matmul(a, b, bias, "gelu", torch.float32, sa, sb), F.gelu(scaled + bias.double()), torch.float32)
 
 
-@pytest.mark.parametrize("m, n, k, producer", [(1024, 2048, 4096, True), (512, 4096, 1024, True), (1536, 1024, 8192, True),
-                                                (1024, 1024, 4096, False), (4096, 1024, 4096, False)])
+@pytest.mark.parametrize("m, n, k, producer", [(1024, 2048, 4096, True), (512, 4096, 1024, True),
+                                                (1536, 1024, 8192, True), (1024, 1024, 4096, False),
+                                                (4096, 1024, 4096, False)])
 def test_a_wave_of_tiles_on_one_warpgroup_takes_a_producer(m, n, k, producer):
     """A wave of 128x128 tiles or fewer on sm_90a: a program a tile, with a producer warpgroup (its one consumer
     warpgroup would wait on its own loads); 64-row tiles and two consumer warpgroups (128x256) go without."""
