@@ -230,8 +230,8 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
             if op == "rmsnorm" and not lone:  # first the fewest warps that hold at most RMS_BYTES a thread, up to 16
                 order = sorted(order, key=lambda w: (w < 16 and tile > 32 * w * RMS_BYTES, w))
             for warps in order:
-                per_thread = tile // (32 * warps)
-                per_sm = resident(g, warps, registers(rows * width // (32 * warps)))
+                per_thread, values = tile // (32 * warps), rows * width // (32 * warps)  # bytes, and f32 values
+                per_sm = resident(g, warps, registers(values))
                 streaming = programs > STREAM_WAVES * g.sms * per_sm and tile <= 2 * 32 * 64
                 crowded = op in NORM_LONE and not lone and n_rows >= CROWDED * g.sms * g.ctas
                 paired = crowded and rows == warps and tile < 2 * MIN_WARPS * 512
@@ -242,10 +242,9 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
                     continue
                 if per_sm:
                     row_bytes = n_cols * itemsize
-                    yield Plan("rows", block, warps, rows=rows, tail=tail, regs=_one_wave(
-                        g, programs, warps, rows * width // (32 * warps)), seconds=seconds(
-                        g, programs, per_sm, min(rows, n_rows) * row_bytes, TRAFFIC[op] * n_rows * row_bytes,
-                        stores=op != "cross_entropy"))
+                    yield Plan("rows", block, warps, rows=rows, tail=tail, regs=_one_wave(g, programs, warps, values),
+                               seconds=seconds(g, programs, per_sm, min(rows, n_rows) * row_bytes,
+                                               TRAFFIC[op] * n_rows * row_bytes, stores=op != "cross_entropy"))
 
 
 def _looped(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu):
