@@ -37,12 +37,13 @@ def main() -> None:
                                                                        GROUP_M=8, num_warps=4, num_stages=3)
     # warp-specialized or not: the producer's empty-barrier waits, and none; a program per tile, and 2 walking 9 tiles
     # (without WS the next tile's ring reuses the bytes that staged this tile's output); the tile whole and in halves
-    # (of 256 columns: each in two quarters, through staging buffers that alternate)
-    for (m, n, k, grid), halves, ws in itertools.product(((300, 264, 136, 9), (300, 264, 136, 2), (100, 72, 40, 1)),
-                                                         (False, True), (False, True)):
+    # (of 256 columns: each in two quarters, through staging buffers that alternate); and 128 rows on one warpgroup
+    for (m, n, k, grid), (bn, warps, halves), ws in itertools.product(
+            ((300, 264, 136, 9), (300, 264, 136, 2), (100, 72, 40, 1)), ((128, 8, False), (256, 8, True), (128, 4, True)),
+            (False, True)):
         a, b, c = torch.randn(m, k, device=d).half(), torch.randn(k, n, device=d).half(), torch.empty(m, n, device=d).half()
-        ops._stdlib("matmul").matmul[(grid,)](a, b, c, m, n, k, k, 1, n, 1, n, 1, BM=128, BN=256 if halves else 128,
-                                              BK=32, GROUP_M=8, WS=ws, HALVES=halves, num_warps=8, num_stages=3)
+        ops._stdlib("matmul").matmul[(grid,)](a, b, c, m, n, k, k, 1, n, 1, n, 1, BM=128, BN=bn, BK=32, GROUP_M=8, WS=ws,
+                                              HALVES=halves, num_warps=warps, num_stages=3)
     for grid in (6, 2):  # clusters of 2 sharing B's copies: a program per tile, and one cluster walking them
         m, n, k = 300, 264, 136
         a, b, c = torch.randn(m, k, device=d).half(), torch.randn(k, n, device=d).half(), torch.empty(m, n, device=d).half()

@@ -808,20 +808,22 @@ def _arch(t: Tensor) -> str:
     return driver.arch(t.get_device()) if t.is_cuda else "sm_90a"
 
 
-# The tiles a large product may take, (BM, BN, warps, ring slots): each one's TFLOP/s on a full H200 (f16, a program
-# per tile, at 4096^3 over its waves' fill; bench/RESULTS.md, thirteenth session). A bigger tile reads less per
-# product but leaves more SMs idle on its last wave; _matmul_config weighs the two.
-MATMUL_TILES = {(128, 256, 8, 4): 661, (128, 128, 4, 4): 516, (64, 128, 4, 6): 435, (64, 64, 4, 6): 382}
-SK_STEPS = 32  # K steps (128 bytes of a row's K each) from which the tiles past the last full wave may go stream-K
-# (stdlib matmul_sk), in the largest tile only: its grid is a program per SM, where a smaller tile loses the overlap of
-# the programs it would share an SM with, and the persistent kernel's producer does better (H200, f16, stream-K against
-# the persistent kernel: 3072^3 in 128x256 568 / 522 TFLOP/s; but 2000x4100x1024 in 128x256, 16 steps, 217 / 241;
-# in 64x128 or 64x64 tiles 128x11008x4096 183 / 253, bf16 256x11008x4096 330 / 459, 1536x1536x4096 370 / 429)
+# The tiles a large product may take, (BM, BN, warps, ring slots): each one's TFLOP/s on a full H200 per wave of tiles
+# (f16; the persistent kernel with its producer warpgroup over 36 products of 1,536-8,192 rows and columns and K of
+# 2,048-8,192, more tiles than SMs, fitted at 746, 677 and 503 with a 4% spread; a wave or less of 128x256 a program
+# each, or of 128x128 with a producer, runs at about the same; 64x64 kept at its old share of 64x128's: bench/RESULTS.md,
+# thirty-second session). A bigger tile reads less per product but leaves more SMs idle on its last wave;
+# _matmul_config weighs the two.
+MATMUL_TILES = {(128, 256, 8, 4): 746, (128, 128, 4, 4): 677, (64, 128, 4, 6): 503, (64, 64, 4, 6): 442}
+SK_STEPS = 32  # K steps (128 bytes of a row's K each) from which the largest tile may go stream-K (stdlib matmul_sk): its
+# grid is a program per SM, where a smaller tile loses the overlap of the programs it would share an SM with, and the
+# persistent kernel's producer does better (H200, f16, stream-K against the persistent kernel: 2000x4100x1024 in
+# 128x256, 16 steps, 217 / 241; in 64x128 or 64x64 tiles 128x11008x4096 183 / 253, bf16 256x11008x4096 330 / 459,
+# 1536x1536x4096 370 / 429; 128x128 tiles over 36 products 0.62-0.97x 128x256's)
+SK_RATE = 685  # stream-K's TFLOP/s per wave over the tiles it runs whole; those it splits run as if SK_COST steps longer
+SK_COST = 13  # (a part through memory, read by the program that stores the tile): fitted over the 36 products of
+# MATMUL_TILES' rates with a 3.9% spread (K of 32-128 steps, 140-576 tiles)
 SPLIT_BYTES = 4096  # the least of a row's K (in bytes of A) that a split-K share takes (`_splits`)
-SK_IDLE = 0.09  # ... where the tiles' waves would leave more than this part of the SMs' time idle. Its cost: each run
-# adds a part through memory, and the runs read A and B at other K steps than their neighbours, out of L2's reach; below
-# it the persistent kernel (`_matmul_plan`) is faster (H200, f16, against it: idle 5.2% and 7.9% 0.97-0.98x, 11-27%
-# 1.01-1.07x; against the same tiles a program each: 3-27% idle gained 2.5-10%, at 3% it lost up to 11%)
 DECODE = 64  # rows of A up to which a product decodes: its programs stream B in column strips (`_matmul_config`)
 SHORT_K = 2  # K steps up to which a lone program per SM leaves its first loads and its stores exposed, where tiles of
 # two or more programs an SM overlap them (H200, f16, K of 64 and 128 at 4096-16384 rows: 128x128 1.11-1.20x 128x256,
@@ -835,9 +837,9 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
     step, for 150-200 KB of loads in flight per SM (measured at 16x4096x4096 and 64x8192x8192: 1.2-1.26x the 4-slot ring
     of 128). Otherwise the tile of MATMUL_TILES with the most work done: its rate times the share of its waves' products
     that are C's (M * N over waves * SMs * the tile: SMs left idle, and tiles past C's edges, do none; 65536 x 64 takes
-    64x64, not 128x256 with three quarters of each tile outside). So 4096^3 takes 128x256 (512 tiles, 97% of 4 waves),
-    1024^3 64x128 (128 tiles, where 128x256 would leave 100 SMs idle), and 3072^3 still 128x256 (73% of 3 waves at its
-    rate beats 97% at 64x128's). 128x256 keeps a 4-slot ring: 3 slots leave asynchronous wgmma one tile of prefetch (504
+    64x64, not 128x256 with three quarters of each tile outside), or stream-K's (`_tile_rate`). So 4096^3 takes 128x256
+    (512 tiles, 97% of 4 waves), 1024^3 64x128 (128 tiles, where 128x256 would leave 100 SMs idle), 3072^3 128x256
+    stream-K (whole, 73% of 3 waves), and 3584x4096x2048 128x128 (448 tiles, 85% of 4 waves; H200: 1.10x stream-K). 128x256 keeps a 4-slot ring: 3 slots leave asynchronous wgmma one tile of prefetch (504
     against 621 TFLOP/s at 4096^3 in the eighth session). f32 (tf32) halves BK, fp8 doubles it. With `ws` (a producer
     warpgroup; the output's element bytes), the ring stays in use while the tile's output goes out through shared
     memory in column halves (HALVES), so the slots share the limit with half a tile.
@@ -856,8 +858,7 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
 
         def work(tile: tuple) -> float:
             tiles = _cdiv(m, tile[0]) * _cdiv(n, tile[1])
-            waves = tiles / sms if _stream_k(tiles, steps, sms, arch, tile[:2]) else _cdiv(tiles, sms)
-            return MATMUL_TILES[tile] * m * n / (waves * sms * tile[0] * tile[1])
+            return _tile_rate(tiles, steps, sms, arch, tile[:2])[0] * m * n / (tiles * tile[0] * tile[1])
 
         short = steps <= SHORT_K
         bm, bn, warps, stages = max((t for t in MATMUL_TILES if not short or _per_sm(*t[:3]) >= 2), key=work)
@@ -873,16 +874,20 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
     return cfg
 
 
-def _stream_k(tiles: int, steps: int, sms: int, arch: str = "sm_90a", tile: tuple = (128, 256)) -> int:
-    """The tiles (BM x BN `tile`) that go stream-K: none where the tiles' waves leave the SMs idle SK_IDLE of the time
-    or less, or the tiles are fewer than two waves (every tile split: 333x4096x1000 ran 81 TFLOP/s so, 180 unsplit), or
-    the K loop is short or the tile not the largest (SK_STEPS), or off sm_90a (measured on an H200 only; mma.sync's 128x256 tile spills in it); else
-    those past the last full wave but one, so that each program's run is one to two tiles long (as CUTLASS's hybrid
-    stream-K: a run of a few steps would add a part through memory for little work)."""
-    if arch != "sm_90a" or tiles < 2 * sms or steps < SK_STEPS or tile != max(MATMUL_TILES, key=lambda t: t[0] * t[1])[:2] or \
-            1 - tiles / (_cdiv(tiles, sms) * sms) <= SK_IDLE:
-        return 0
-    return tiles % sms + sms
+def _tile_rate(tiles: int, steps: int, sms: int, arch: str, tile: tuple) -> tuple[float, int]:
+    """The TFLOP/s of `tiles` of `tile` (BM, BN) as if every one were C's, and the tiles that go stream-K for it: whole
+    tiles run at MATMUL_TILES' rate over the waves they take (SMs left idle on the last do none); stream-K, where it is
+    faster, at SK_RATE with the tiles it splits SK_COST steps longer. Stream-K takes none off sm_90a (measured on an H200
+    only; mma.sync's 128x256 tile spills in it), where the K loop is short or the tile not the largest (SK_STEPS), or
+    where the tiles are one wave or fewer (every tile split over more programs: H200, f16, 0.52-0.97x a program each over
+    14 products); else those past the last full wave but one, so that each program's run is one to two tiles long (as
+    CUTLASS's hybrid stream-K: a run of a few steps would add a part through memory for little work)."""
+    whole = next(r for t, r in MATMUL_TILES.items() if t[:2] == tile) * tiles / (_cdiv(tiles, sms) * sms)
+    if arch != "sm_90a" or tiles <= sms or steps < SK_STEPS or tile != max(MATMUL_TILES, key=lambda t: t[0] * t[1])[:2]:
+        return whole, 0
+    sk = tiles % sms + sms if tiles >= 2 * sms else tiles
+    split = SK_RATE / (1 + sk * SK_COST / (tiles * steps))
+    return (split, sk) if split > whole else (whole, 0)
 
 
 def _per_sm(bm: int, bn: int, warps: int, smem_bytes: int = 0, arch: str = "sm_90a") -> int:
@@ -946,7 +951,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, a
 def _matmul_plan(a: Tensor, b: Tensor, sms: int, arch: str, out: int) -> tuple[dict, int, int, int]:
     """The constexprs, the grid, the stream-K tiles and the K splits of a @ b: a program per tile; each tile's K steps
     split over programs where the tiles are too few for the SMs (`_splits`); stream-K where whole tiles leave the SMs
-    idle (`_stream_k`); else, with more tiles than SMs on sm_90a and TMA copies of 16-bit A and B (or fp8
+    idle (`_tile_rate`); else, with more tiles than SMs on sm_90a and TMA copies of 16-bit A and B (or fp8
     ones wgmma takes as they are), a program per SM walking the tiles, with a producer warpgroup that loads the next
     tile's K steps while the consumers store this one (H200, f16 and bf16, 4096^3, 8192^3, 2048x14336x4096,
     16384x4096x4096: 1.00-1.03x a program a tile; 4096x4096x512 1.09x; fp8 4096^3 and 8192^3 1.06x). tf32's B is not
@@ -958,7 +963,7 @@ def _matmul_plan(a: Tensor, b: Tensor, sms: int, arch: str, out: int) -> tuple[d
     item = _mma_bytes(a, b, arch)
     cfg = _matmul_config(m, n, k, item, arch, sms)
     tiles = _cdiv(m, cfg["BM"]) * _cdiv(n, cfg["BN"])
-    sk = _stream_k(tiles, _cdiv(k * item, 128), sms, arch, (cfg["BM"], cfg["BN"])) if m > DECODE else 0
+    sk = _tile_rate(tiles, _cdiv(k * item, 128), sms, arch, (cfg["BM"], cfg["BN"]))[1] if m > DECODE else 0
     ring = (cfg["BM"] + cfg["BN"]) * cfg["BK"] * item * cfg["num_stages"]
     # a second program an SM counts where it was measured: 16-bit products past DECODE rows (tf32's decoding tiles
     # would split too, unmeasured)

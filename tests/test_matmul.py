@@ -285,7 +285,7 @@ def test_stream_k_epilogue(device):
                                               ACTIVATION="gelu", BIAS=True)
         check(out, reference(a, b, bias, "gelu"), torch.float16)
         return
-    assert ops._stream_k(16 * 17, 63, 132) == 140  # 31% idle in 3 waves of 128x256
+    assert ops._tile_rate(16 * 17, 63, 132, "sm_90a", (128, 256))[1] == 140  # 31% idle in 3 waves of 128x256
     for _ in range(3):
         check(ops.matmul(a, b, bias, "gelu"), reference(a, b, bias, "gelu"), torch.float16)
         a.normal_(), b.normal_(), bias.normal_()
@@ -355,14 +355,21 @@ def test_stream_k_runs(programs, sk_tiles, k):
 
 
 def test_stream_k_where_the_last_wave_is_part_empty():
-    """Where whole tiles would leave the SMs idle more than SK_IDLE of the time, the tiles past whole waves go stream-K
-    (the last full wave's too, so that a run is a tile or two long); none where the waves are nearly full (512 tiles:
-    4096^3), under two waves, with a short K loop, or in tiles smaller than 128x256. 3072^3 keeps 128x256 tiles."""
-    assert [ops._stream_k(t, 64, 132) for t in (288, 561, 200, 512, 2048, 264, 131)] == [156, 165, 0, 0, 0, 0, 0]
-    assert ops._stream_k(288, 16, 132) == ops._stream_k(288, 64, 132, (64, 128)) == 0
+    """Where stream-K's rate (its split tiles SK_COST steps longer) beats whole tiles' over their waves, the tiles past
+    whole waves go stream-K (the last full wave's too, so that a run is a tile or two long), and all of them under two
+    waves; none where the waves are nearly full (512 tiles: 4096^3), in one wave or less, with a short K loop, in tiles
+    smaller than 128x256, or off sm_90a. 3072^3 keeps 128x256 tiles, and 3072x1536x4096 takes them over 144 tiles
+    stream-K (H200: 1.28x the 64x128 tiles of whole waves it took before)."""
+    def sk(tiles, steps=64, tile=(128, 256), arch="sm_90a"):
+        return ops._tile_rate(tiles, steps, 132, arch, tile)[1]
+    assert [sk(t) for t in (288, 561, 200, 512, 2048, 264, 131)] == [156, 165, 200, 0, 0, 0, 0]
+    assert sk(288, steps=16) == sk(288, tile=(64, 128)) == sk(288, arch="sm_80") == 0
     for size in (4096, 3072):
         cfg = ops._matmul_config(size, size, size, 2, "sm_90a", 132)
         assert (cfg["BM"], cfg["BN"]) == (128, 256)
+    a, b = torch.empty(3072, 4096, dtype=torch.float16), torch.empty(4096, 1536, dtype=torch.float16)
+    meta, grid, tiles, _ = ops._matmul_plan(a, b, 132, "sm_90a", 2)
+    assert (meta["BM"], meta["BN"], grid, tiles) == (128, 256, 132, 144)
 
 
 def test_a_matmul_of_more_tiles_than_sms_goes_persistent_on_hopper():
