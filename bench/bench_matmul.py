@@ -4,7 +4,7 @@ TFLOP/s. fp8 (e4m3, A row-major and B column-major as torch._scaled_mm takes the
 torch._scaled_mm with unit scales (newt's too) and fast accumulation (wgmma's own f32 sums, as newt's and Triton's), Triton its
 tutorial's fp8 configurations.
 
-    python bench/bench_matmul.py [--quick] [--sweep] [--shapes] [--splits] [--random N]
+    python bench/bench_matmul.py [--quick] [--sweep] [--shapes] [--splits] [--tiles] [--random N]
 
 --shapes times ops.matmul, Triton and cuBLAS on shapes off the bench (OFF_BENCH: small, ragged, skinny, long K, rows
 not 16-byte aligned), f16 (and every third in bf16): where _matmul_config's choice of tile must hold up.
@@ -15,6 +15,9 @@ that table).
 tile of ops.MATMUL_TILES and SPLIT_TILES (128x64) with its K split over 1-8 programs (shares of 1024 K or more;
 stdlib matmul_split, whose shares sum by vector reductions), and cuBLAS: whether another tile split would beat the one
 ops picks and splits.
+--tiles times, on more tiles than SMs (TILE_SHAPES, f16), ops.matmul against each tile of ops.MATMUL_TILES forced whole
+and the largest forced stream-K, and fits what ops weighs them by: each tile's TFLOP/s per wave of tiles
+(MATMUL_TILES) and stream-K's over its tiles with its split ones SK_COST steps longer (SK_RATE).
 --sweep also times newt's kernel over a grid of tile configurations on 4096^3 and, without --quick, on the LLM shape
 16384x4096x4096 (to tune ops._matmul_config):
 warp-specialized (ws) or not, a program per tile or persistent (a program per SM walking the tiles), in clusters that
@@ -160,7 +163,8 @@ def close(ref):
     return lambda out: check_close(out.float(), ref, rtol=2e-2, atol=atol)
 
 
-def run(quick: bool, sweep: bool = False, shapes: bool = False, random: int = 0, splits: bool = False):
+def run(quick: bool, sweep: bool = False, shapes: bool = False, random: int = 0, splits: bool = False,
+        tiles: bool = False):
     import torch
     try:
         tmm = {torch.float16: triton_matmul(), torch.float8_e4m3fn: triton_matmul(fp8=True)}
@@ -181,6 +185,8 @@ def run(quick: bool, sweep: bool = False, shapes: bool = False, random: int = 0,
         yield sweep_configs(quick, SHAPES[:1] if quick else [SHAPES[0], SHAPES[2]])
     if splits:
         yield sweep_splits(quick, SPLIT_SHAPES)
+    if tiles:
+        yield from sweep_tiles(quick, TILE_SHAPES)
 
 
 def products(title: str, cases: list, tmm, quick: bool) -> Table:
@@ -273,6 +279,68 @@ def sweep_splits(quick: bool, shapes: list) -> Table:
     return Table("newt matmul tiles split over K", rows)
 
 
+# products of 1-4 waves of 128x256 tiles (140-576 on an H200), K of 32-128 steps: where the tile, and stream-K, matter
+TILE_SHAPES = [(m, n, (4096, 2048, 8192)[i % 3]) for i, (m, n) in enumerate(
+    [(1536, 3072), (1536, 4096), (1536, 5120), (2048, 2560), (2048, 3072), (2048, 3840), (2048, 5120), (2304, 2048),
+     (2304, 3072), (2304, 3840), (2304, 5120), (2816, 2048), (2816, 2560), (2816, 4096), (2816, 5120), (3072, 1536),
+     (3072, 2048), (3072, 2560), (3072, 3072), (3584, 1280), (3584, 1536), (3584, 2048), (3584, 2560), (3584, 3840),
+     (4096, 1280), (4096, 1536), (4096, 2560), (4096, 3840), (5120, 1280), (5120, 2048), (5120, 2560), (6144, 1536),
+     (6144, 3072), (8192, 1280), (4096, 4096), (3072, 4096)])]
+
+
+def sweep_tiles(quick: bool, shapes: list):
+    """ops.matmul as planned, each tile of MATMUL_TILES forced whole and the largest forced stream-K, and cuBLAS
+    (f16), then the rates fitted to them: a tile's TFLOP/s over its waves' fill (geomean), stream-K's over its
+    tiles, the split ones SK_COST steps longer."""
+    import math
+    from unittest import mock
+    import torch
+    import newtc.ops as ops
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    largest = max(ops.MATMUL_TILES, key=lambda t: t[0] * t[1])
+    forced = [(t, False) for t in ops.MATMUL_TILES] + [(largest, True)]
+    rows, fits, planned = [], {}, ops._fast
+    for m, n, k in shapes:
+        a, b = operands(torch.float16, m, n, k)
+        fns = {"ops.matmul": functools.partial(_bound, planned, a, b), "cuBLAS": lambda: a @ b}
+        for tile, sk in forced:
+            bound = {}  # the launch ops binds for this tile (its own cache: the shape alone keys ops._fast)
+            with mock.patch.object(ops, "MATMUL_TILES", {tile: ops.MATMUL_TILES[tile]}), \
+                    mock.patch.object(ops, "SK_RATE", math.inf if sk else 0), mock.patch.object(ops, "_fast", bound):
+                newt(a, b)
+            fns[f"{tile[0]}x{tile[1]}" + " sk" * sk] = functools.partial(_bound, bound, a, b)
+        try:
+            times = measure_all(fns, close(a.float() @ b.float()), quick)
+        finally:
+            ops._fast = planned
+        rows.append({"shape": f"{m}x{n}x{k}", **{c: tflops(m, n, k, t) for c, t in times.items()}})
+        print(rows[-1], flush=True)
+        for tile, sk in forced:
+            count, rate = -(-m // tile[0]) * -(-n // tile[1]), rows[-1][f"{tile[0]}x{tile[1]}" + " sk" * sk]
+            if not isinstance(rate, float):
+                continue
+            if sk:  # over the tiles, the split ones SK_COST steps longer
+                steps = k * 2 // 128
+                with mock.patch.object(ops, "SK_RATE", math.inf):
+                    split = ops._tile_rate(count, steps, sms, "sm_90a", tile[:2])[1]
+                rate *= count * tile[0] * tile[1] / (m * n) * (1 + split * ops.SK_COST / (count * steps))
+            else:  # per wave
+                rate *= -(-count // sms) * sms * tile[0] * tile[1] / (m * n)
+            fits.setdefault((tile, sk), []).append(rate)
+    yield Table("matmul tiles forced (f16, TFLOP/s)", rows)
+    yield Table("matmul tile rates fitted (TFLOP/s per wave of tiles; ops.MATMUL_TILES, ops.SK_RATE)",
+                [{"tile": f"{t[0]}x{t[1]}" + " stream-K" * sk, "fitted": math.exp(sum(map(math.log, v)) / len(v)),
+                  "ops": ops.SK_RATE if sk else ops.MATMUL_TILES[t], "products": len(v)} for (t, sk), v in fits.items()])
+
+
+def _bound(bound: dict, a, b):
+    """ops.matmul through the launches bound in `bound` (a plan's; set, not patched per call: a patch costs
+    microseconds)."""
+    import newtc.ops as ops
+    ops._fast = bound
+    return newt(a, b)
+
+
 def split_product(a, b, splits: int, meta: dict):
     """a @ b by the stdlib matmul_split, each tile's K over `splits` programs (as ops launches it: its f32 sums and
     counts zeroed per call), or by matmul for one."""
@@ -304,11 +372,12 @@ if __name__ == "__main__":
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--shapes", action="store_true")
     p.add_argument("--splits", action="store_true")
+    p.add_argument("--tiles", action="store_true")
     p.add_argument("--random", type=int, default=0, metavar="N")
     args = p.parse_args()
     if not common.cuda_available():
         print("no CUDA GPU: nothing to benchmark")
         sys.exit(0)
-    for t in run(args.quick, args.sweep, args.shapes, args.random, args.splits):
+    for t in run(args.quick, args.sweep, args.shapes, args.random, args.splits, args.tiles):
         print(t.markdown() + "\n")
         common.write(f"matmul_{t.title.split()[0]}.md", t.markdown())
