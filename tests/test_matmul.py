@@ -338,11 +338,13 @@ def test_few_tiles_split_their_k_steps_over_the_sms():
         assert (meta["BM"], meta["BN"], got_grid, sk, got_splits) == (64, 64, grid, 0, splits)
 
 
-@pytest.mark.parametrize("programs, sk_tiles, k", [(3, 2, 90), (4, 3, 40), (5, 6, 200), (7, 12, 33), (2, 12, 16)])
+@pytest.mark.parametrize("programs, sk_tiles, k", [(3, 2, 90), (4, 3, 40), (5, 6, 200), (7, 12, 33), (2, 12, 16),
+                                                   (12, 20, 90), (13, 20, 33)])
 def test_stream_k_runs(programs, sk_tiles, k):
     """matmul_sk in the interpreter, whose programs run one after another (the lowest first, as a GPU starts them): K
-    step runs inside one tile, across several, whole tiles first, a K that is not a multiple of BK. The flags raised
-    are those of the programs whose runs end inside a tile."""
+    step runs inside one tile, across several, whole tiles first, a K that is not a multiple of BK, and every tile
+    stream-K over fewer programs than tiles (one to two waves). The flags raised are those of the programs whose runs
+    end inside a tile."""
     m, n, BM, BN, BK = 100, 140, 32, 32, 16
     tiles, steps = -(-m // BM) * -(-n // BN), -(-k // BK)
     a, b, c = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
