@@ -811,16 +811,16 @@ def _arch(t: Tensor) -> str:
 # The tiles a large product may take, (BM, BN, warps, ring slots): each one's TFLOP/s on a full H200 per wave of tiles
 # (f16; the persistent kernel with its producer warpgroup over 36 products of 1,536-8,192 rows and columns and K of
 # 2,048-8,192, more tiles than SMs, fitted at 746, 677 and 503 with a 4% spread; a wave or less of 128x256 a program
-# each, or of 128x128 with a producer, runs at about the same; 64x64 kept at its old share of 64x128's: bench/RESULTS.md,
-# thirty-second session). A bigger tile reads less per product but leaves more SMs idle on its last wave;
-# _matmul_config weighs the two.
+# each, or of 128x128 with a producer, runs at about the same; 64x64 kept at its old share of 64x128's:
+# bench/RESULTS.md, thirty-second session). A bigger tile reads less per product but leaves more SMs idle on its last
+# wave; _matmul_config weighs the two.
 MATMUL_TILES = {(128, 256, 8, 4): 746, (128, 128, 4, 4): 677, (64, 128, 4, 6): 503, (64, 64, 4, 6): 442}
-SK_STEPS = 32  # K steps (128 bytes of a row's K each) from which the largest tile may go stream-K (stdlib matmul_sk): its
+SK_STEPS = 32  # K steps (128 bytes of a row's K each) from which the largest tile may go stream-K (matmul_sk): its
 # grid is a program per SM, where a smaller tile loses the overlap of the programs it would share an SM with, and the
 # persistent kernel's producer does better (H200, f16, stream-K against the persistent kernel: 2000x4100x1024 in
 # 128x256, 16 steps, 217 / 241; in 64x128 or 64x64 tiles 128x11008x4096 183 / 253, bf16 256x11008x4096 330 / 459,
 # 1536x1536x4096 370 / 429; 128x128 tiles over 36 products 0.62-0.97x 128x256's)
-SK_RATE = 685  # stream-K's TFLOP/s per wave over the tiles it runs whole; those it splits run as if SK_COST steps longer
+SK_RATE = 685  # stream-K's TFLOP/s per wave over the tiles it runs whole; the split ones run as if SK_COST steps longer
 SK_COST = 13  # (a part through memory, read by the program that stores the tile): fitted over the 36 products of
 # MATMUL_TILES' rates with a 3.9% spread (K of 32-128 steps, 140-576 tiles)
 SPLIT_BYTES = 4096  # the least of a row's K (in bytes of A) that a split-K share takes (`_splits`)
@@ -834,13 +834,14 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
                    ws: int = 0) -> dict:
     """Tile sizes by shape. Few rows (decoding) stream B from memory: the width whose programs fill the SMs in the
     fewest waves of columns (the wider on a tie: A is read once per program), and up to 6 slots of 256 (else 128) K a
-    step, for 150-200 KB of loads in flight per SM (measured at 16x4096x4096 and 64x8192x8192: 1.2-1.26x the 4-slot ring
-    of 128). Otherwise the tile of MATMUL_TILES with the most work done: its rate times the share of its waves' products
-    that are C's (M * N over waves * SMs * the tile: SMs left idle, and tiles past C's edges, do none; 65536 x 64 takes
-    64x64, not 128x256 with three quarters of each tile outside), or stream-K's (`_tile_rate`). So 4096^3 takes 128x256
-    (512 tiles, 97% of 4 waves), 1024^3 64x128 (128 tiles, where 128x256 would leave 100 SMs idle), 3072^3 128x256
-    stream-K (whole, 73% of 3 waves), and 3584x4096x2048 128x128 (448 tiles, 85% of 4 waves; H200: 1.10x stream-K). 128x256 keeps a 4-slot ring: 3 slots leave asynchronous wgmma one tile of prefetch (504
-    against 621 TFLOP/s at 4096^3 in the eighth session). f32 (tf32) halves BK, fp8 doubles it. With `ws` (a producer
+    step, for 150-200 KB of loads in flight per SM (measured at 16x4096x4096 and 64x8192x8192: 1.2-1.26x the 4-slot
+    ring of 128). Otherwise the tile of MATMUL_TILES with the most work done: its rate times the share of its waves'
+    products that are C's (M * N over waves * SMs * the tile: SMs left idle, and tiles past C's edges, do none; 65536
+    x 64 takes 64x64, not 128x256 with three quarters of each tile outside), or stream-K's (`_tile_rate`). So 4096^3
+    takes 128x256 (512 tiles, 97% of 4 waves), 1024^3 64x128 (128 tiles, where 128x256 would leave 100 SMs idle),
+    3072^3 128x256 stream-K (whole, 73% of 3 waves), and 3584x4096x2048 128x128 (448 tiles, 85% of 4 waves; H200:
+    1.10x stream-K). 128x256 keeps a 4-slot ring: 3 slots leave asynchronous wgmma one tile of prefetch (504 against
+    621 TFLOP/s at 4096^3 in the eighth session). f32 (tf32) halves BK, fp8 doubles it. With `ws` (a producer
     warpgroup; the output's element bytes), the ring stays in use while the tile's output goes out through shared
     memory in column halves (HALVES), so the slots share the limit with half a tile.
     A K loop of at most SHORT_K steps takes a tile two programs an SM can share, and without `ws` no more slots than
@@ -877,11 +878,11 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
 def _tile_rate(tiles: int, steps: int, sms: int, arch: str, tile: tuple) -> tuple[float, int]:
     """The TFLOP/s of `tiles` of `tile` (BM, BN) as if every one were C's, and the tiles that go stream-K for it: whole
     tiles run at MATMUL_TILES' rate over the waves they take (SMs left idle on the last do none); stream-K, where it is
-    faster, at SK_RATE with the tiles it splits SK_COST steps longer. Stream-K takes none off sm_90a (measured on an H200
-    only; mma.sync's 128x256 tile spills in it), where the K loop is short or the tile not the largest (SK_STEPS), or
-    where the tiles are one wave or fewer (every tile split over more programs: H200, f16, 0.52-0.97x a program each over
-    14 products); else those past the last full wave but one, so that each program's run is one to two tiles long (as
-    CUTLASS's hybrid stream-K: a run of a few steps would add a part through memory for little work)."""
+    faster, at SK_RATE with the tiles it splits SK_COST steps longer. Stream-K takes none off sm_90a (measured on an
+    H200 only; mma.sync's 128x256 tile spills in it), where the K loop is short or the tile not the largest (SK_STEPS),
+    or where the tiles are one wave or fewer (every tile split over more programs: H200, f16, 0.52-0.97x a program each
+    over 14 products); else those past the last full wave but one, so that each program's run is one to two tiles long
+    (as CUTLASS's hybrid stream-K: a run of a few steps would add a part through memory for little work)."""
     whole = next(r for t, r in MATMUL_TILES.items() if t[:2] == tile) * tiles / (_cdiv(tiles, sms) * sms)
     if arch != "sm_90a" or tiles <= sms or steps < SK_STEPS or tile != max(MATMUL_TILES, key=lambda t: t[0] * t[1])[:2]:
         return whole, 0
