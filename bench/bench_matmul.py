@@ -319,11 +319,10 @@ def sweep_tiles(quick: bool, shapes: list):
             count, rate = -(-m // tile[0]) * -(-n // tile[1]), rows[-1][f"{tile[0]}x{tile[1]}" + " sk" * sk]
             if not isinstance(rate, float):
                 continue
-            if sk:  # over the tiles, the split ones SK_COST steps longer
-                steps = k * 2 // 128
-                with mock.patch.object(ops, "SK_RATE", math.inf):
-                    split = ops._tile_rate(count, steps, sms, "sm_90a", tile[:2])[1]
-                rate *= count * tile[0] * tile[1] / (m * n) * (1 + split * ops.SK_COST / (count * steps))
+            if sk:  # over the tiles, the split ones SK_COST steps longer: ops' own model, at a rate of 1 TFLOP/s
+                with mock.patch.object(ops, "SK_RATE", 1e9):
+                    modeled = ops._tile_rate(count, k * 2 // 128, sms, "sm_90a", tile[:2])[0] / 1e9
+                rate *= count * tile[0] * tile[1] / (m * n) / modeled
             else:  # per wave
                 rate *= -(-count // sms) * sms * tile[0] * tile[1] / (m * n)
             fits.setdefault((tile, sk), []).append(rate)
