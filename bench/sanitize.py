@@ -37,10 +37,11 @@ def main() -> None:
                                                                        GROUP_M=8, num_warps=4, num_stages=3)
     # warp-specialized or not: the producer's empty-barrier waits, and none; a program per tile, and 2 walking 9 tiles
     # (without WS the next tile's ring reuses the bytes that staged this tile's output); the tile whole and in halves
-    # (of 256 columns: each in two quarters, through staging buffers that alternate); and 128 rows on one warpgroup
+    # (of 256 columns: each in two quarters, through staging buffers that alternate); and 128 rows on one warpgroup,
+    # 128 or 64 columns (ops' NARROW tile)
     for (m, n, k, grid), (bn, warps, halves), ws in itertools.product(
-            ((300, 264, 136, 9), (300, 264, 136, 2), (100, 72, 40, 1)), ((128, 8, False), (256, 8, True), (128, 4, True)),
-            (False, True)):
+            ((300, 264, 136, 9), (300, 264, 136, 2), (100, 72, 40, 1)),
+            ((128, 8, False), (256, 8, True), (128, 4, True), (64, 4, True)), (False, True)):
         a, b, c = torch.randn(m, k, device=d).half(), torch.randn(k, n, device=d).half(), torch.empty(m, n, device=d).half()
         ops._stdlib("matmul").matmul[(grid,)](a, b, c, m, n, k, k, 1, n, 1, n, 1, BM=128, BN=bn, BK=32, GROUP_M=8, WS=ws,
                                               HALVES=halves, num_warps=warps, num_stages=3)

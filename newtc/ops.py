@@ -825,6 +825,10 @@ SK_COST = 13  # (a part through memory, read by the program that stores the tile
 # MATMUL_TILES' rates with a 3.9% spread (K of 32-128 steps, 140-576 tiles)
 SPLIT_BYTES = 4096  # the least of a row's K (in bytes of A) that a split-K share takes (`_splits`)
 DECODE = 64  # rows of A up to which a product decodes: its programs stream B in column strips (`_matmul_config`)
+NARROW = 64  # columns of B up to which A streams from memory: where its rows would take more than a wave of 64x64
+NARROW_TILE = (128, 64, 4, 8)  # tiles, a program holds 128 of them in one warpgroup, 8 slots deep (sm_90a; H200, 32
+# random products of 1-64 columns, 8,600-262,144 rows, f16, bf16 and fp8: 1.02-1.58x 64x64 in 6 slots, geomean 1.16;
+# on fewer rows, a wave of 64x64 or less, 0.87-1.18x, geomean 1.00: twice the programs pull A there)
 SHORT_K = 2  # K steps up to which a lone program per SM leaves its first loads and its stores exposed, where tiles of
 # two or more programs an SM overlap them (H200, f16, K of 64 and 128 at 4096-16384 rows: 128x128 1.11-1.20x 128x256,
 # which still wins by 15% at 4 steps)
@@ -845,7 +849,8 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
     warpgroup; the output's element bytes), the ring stays in use while the tile's output goes out through shared
     memory in column halves (HALVES), so the slots share the limit with half a tile.
     A K loop of at most SHORT_K steps takes a tile two programs an SM can share, and without `ws` no more slots than
-    K steps and one (4096x4096x64: 128x128 in 2 slots, 129 TFLOP/s, where 128x256 ran 109 and 128x128 in 4 slots 90)."""
+    K steps and one (4096x4096x64: 128x128 in 2 slots, 129 TFLOP/s, where 128x256 ran 109 and 128x128 in 4 slots 90).
+    Few columns (NARROW) stream A as few rows stream B: past a wave of 64x64 tiles, in NARROW_TILE's deeper ring."""
     smem_limit = smem.LIMIT.get(arch, 48 * 1024)
     if m <= DECODE:  # (wgmma's fp8 takes blocks of 64 rows: those past M cost tensor time, no bytes: TMA fills zeros)
         bm = 64 if itemsize == 1 else max(16, _pow2(m))
@@ -862,7 +867,9 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
             return _tile_rate(tiles, steps, sms, arch, tile[:2])[0] * m * n / (tiles * tile[0] * tile[1])
 
         short = steps <= SHORT_K
-        bm, bn, warps, stages = max((t for t in MATMUL_TILES if not short or _per_sm(*t[:3]) >= 2), key=work)
+        narrow = n <= NARROW and _cdiv(m, 64) > sms and not short and arch == "sm_90a" and itemsize <= 2
+        bm, bn, warps, stages = NARROW_TILE if narrow else \
+            max((t for t in MATMUL_TILES if not short or _per_sm(*t[:3]) >= 2), key=work)
         cfg = dict(BM=bm, BN=bn, BK=64, num_warps=warps, num_stages=stages)
     cfg["BK"] = cfg["BK"] * 2 // itemsize  # 128 bytes of K a step (wgmma's swizzled rows), 256 with few rows
     cfg["BK"] = min(cfg["BK"], max(16, _pow2(k)))
@@ -964,7 +971,8 @@ def _matmul_plan(a: Tensor, b: Tensor, sms: int, arch: str, out: int) -> tuple[d
     item = _mma_bytes(a, b, arch)
     cfg = _matmul_config(m, n, k, item, arch, sms)
     tiles = _cdiv(m, cfg["BM"]) * _cdiv(n, cfg["BN"])
-    sk = _tile_rate(tiles, _cdiv(k * item, 128), sms, arch, (cfg["BM"], cfg["BN"]))[1] if m > DECODE else 0
+    sk = _tile_rate(tiles, _cdiv(k * item, 128), sms, arch, (cfg["BM"], cfg["BN"]))[1] \
+        if m > DECODE and n > NARROW else 0
     ring = (cfg["BM"] + cfg["BN"]) * cfg["BK"] * item * cfg["num_stages"]
     # a second program an SM counts where it was measured: 16-bit products past DECODE rows (tf32's decoding tiles
     # would split too, unmeasured)

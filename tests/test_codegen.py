@@ -264,6 +264,8 @@ SPECS = [
     # on 4 warps; on sm_90a a wave of them takes a producer warpgroup too
     *matmul("matmul", "f16-512x4096-ws", f16, 512, 4096, 1024, *TMA, "USETMAXREG", ws=True, archs=("sm_90a",)),
     *matmul("matmul", "f16-512", f16, 512, 512, 512, *TMA),  # 64x64, 6 slots
+    *matmul("matmul", "f16-16384x64-ws", f16, 16384, 64, 4096, *TMA, "USETMAXREG", ws=True,  # NARROW: 128x64 on
+            archs=("sm_90a",)),  # one consumer warpgroup, 8 slots
     *matmul("matmul_fused", "f16-gelu", f16, 4096, 4096, 4096, *TMA, activation="gelu"),
     *matmul("matmul_sk", "f16-3072-gelu", f16, 3072, 3072, 3072, *TMA, activation="gelu",  # stream-K
             archs=("sm_90a",)),

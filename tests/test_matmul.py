@@ -255,7 +255,22 @@ def test_the_tile_by_shape_fills_the_sms():
     assert tiles(4096, 4096) == ((128, 256), 512) and tiles(2048, 14336)[0] == (128, 256)
     for m, n in [(1024, 1024), (128, 8192), (8192, 128), (2048, 512), (256, 4096), (512, 4096), (1000, 1001)]:
         assert tiles(m, n)[1] >= 128, (m, n, tiles(m, n))
-    assert tiles(65536, 64)[0] == (64, 64)  # a 128x256 tile would compute 4 columns for each one of C's
+    assert tiles(65536, 64)[0] == (128, 64)  # a 128x256 tile would compute 4 columns for each one of C's (NARROW)
+    assert tiles(4096, 64)[0] == (64, 64)  # a wave of 64x64 tiles: twice the programs of 128x64 pull A
+
+
+@pytest.mark.parametrize("device", devices())
+def test_narrow_products_stream_a_in_tiles_of_128_rows(device):
+    """Products of B 64 columns wide or less, past a wave of 64x64 tiles, take 128x64 tiles 8 slots deep (NARROW), on
+    sm_90a a program per SM walking them with a producer warpgroup where TMA can copy B (one column's rows are 2 bytes
+    apart: a program per tile): right at ragged M, few columns and K off the step."""
+    for m, n, k in ((8500, 64, 256), (17000, 8, 200), (9000, 48, 1000), (9000, 1, 300)):  # 67, 133 and 71 tiles
+        a, b = torch.randn(m, k, device=device).half(), torch.randn(k, n, device=device).half()
+        meta, grid, sk, splits = ops._matmul_plan(a, b, 132, "sm_90a", 2)
+        ws = n > 1
+        assert (meta["BM"], meta["BN"], meta.get("WS", False)) == (128, 64, ws), meta
+        assert grid == (min(-(-m // 128), 132) if ws else -(-m // 128)) and meta["num_stages"] == (8 if ws else 6)
+        check(ops.matmul(a, b), reference(a, b), torch.float16)
 
 
 def test_a_short_k_loop_takes_tiles_that_share_an_sm_and_only_the_slots_it_fills():
