@@ -972,7 +972,7 @@ def _matmul_plan(a: Tensor, b: Tensor, sms: int, arch: str, out: int) -> tuple[d
     cfg = _matmul_config(m, n, k, item, arch, sms)
     tiles = _cdiv(m, cfg["BM"]) * _cdiv(n, cfg["BN"])
     sk = _tile_rate(tiles, _cdiv(k * item, 128), sms, arch, (cfg["BM"], cfg["BN"]))[1] \
-        if m > DECODE and n > NARROW else 0
+        if m > DECODE and n > NARROW else 0  # (few rows or few columns stream an operand: never stream-K)
     ring = (cfg["BM"] + cfg["BN"]) * cfg["BK"] * item * cfg["num_stages"]
     # a second program an SM counts where it was measured: 16-bit products past DECODE rows (tf32's decoding tiles
     # would split too, unmeasured)
