@@ -826,7 +826,7 @@ SK_COST = 13  # (a part through memory, read by the program that stores the tile
 SPLIT_BYTES = 4096  # the least of a row's K (in bytes of A) that a split-K share takes (`_splits`)
 DECODE = 64  # rows of A up to which a product decodes: its programs stream B in column strips (`_matmul_config`)
 NARROW = 64  # columns of B up to which A streams from memory: where its rows would take more than a wave of 64x64
-NARROW_TILE = (128, 64, 4, 8)  # tiles, a program holds 128 of them in one warpgroup, 8 slots deep (sm_90a; H200, 32
+NARROW_TILE = (128, 64, 4, 8)  # tiles: there 128 rows a program, in one warpgroup, 8 slots deep (sm_90a; H200, 32
 # random products of 1-64 columns, 8,600-262,144 rows, f16, bf16 and fp8: 1.02-1.58x 64x64 in 6 slots, geomean 1.16;
 # on fewer rows, a wave of 64x64 or less, 0.87-1.18x, geomean 1.00: twice the programs pull A there)
 SHORT_K = 2  # K steps up to which a lone program per SM leaves its first loads and its stores exposed, where tiles of
@@ -840,7 +840,7 @@ def _matmul_config(m: int, n: int, k: int, itemsize: int, arch: str = "sm_90a", 
     fewest waves of columns (the wider on a tie: A is read once per program), and up to 6 slots of 256 (else 128) K a
     step, for 150-200 KB of loads in flight per SM (measured at 16x4096x4096 and 64x8192x8192: 1.2-1.26x the 4-slot
     ring of 128). Otherwise the tile of MATMUL_TILES with the most work done: its rate times the share of its waves'
-    products that are C's (M * N over waves * SMs * the tile: SMs left idle, and tiles past C's edges, do none; 65536
+    products that are C's (M * N over waves * SMs * the tile: SMs left idle, and tiles past C's edges, do none; 4096
     x 64 takes 64x64, not 128x256 with three quarters of each tile outside), or stream-K's (`_tile_rate`). So 4096^3
     takes 128x256 (512 tiles, 97% of 4 waves), 1024^3 64x128 (128 tiles, where 128x256 would leave 100 SMs idle),
     3072^3 128x256 stream-K (whole, 73% of 3 waves), and 3584x4096x2048 128x128 (448 tiles, 85% of 4 waves; H200:
