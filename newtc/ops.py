@@ -96,12 +96,13 @@ SHIFTED_ELEMS = 8  # ... where rows start off 16-byte boundaries and every eleme
 # compare and a select apiece): there 16 run up to 24% slower than 8 (H200, rows of 50257: softmax f16 4096 rows 1.13 of
 # the best other against 0.94, cross-entropy f32 1024 rows 1.03 against 0.86), where aligned rows (65536) mostly run
 # faster on 16 (up to 25%)
-F32_LOOP_WARPS = {"softmax": 32, "rmsnorm": 32}  # the warps of these ops' loops over aligned f32 rows: at 16 elements
-# a thread they hold 31-32 registers (NVRTC 13, sm_90a), so two 32-warp programs fit an SM where the model counts one;
-# an SM then holds two rows, where 16-warp programs hold three or four (36 and 32 registers), so the second pass finds
-# more of each row in L2. On an H200 against the 16 warps the model chose, on 19 points of 300-16384 rows of
-# 20000-262144: faster on 17 (softmax 0.5-13%, RMS norm 1-19%), RMS norm 1024x262144 the same, softmax 300x40000 2%
-# slower. Layer norm's loop holds 44, one program an SM: 2-9% faster on 8 of 10 points, 32% slower at 2048x20000
+F32_LOOPS = {("softmax", False), ("softmax", True), ("rmsnorm", False)}  # (op, rows off 16 bytes) whose loops over f32
+# rows run on 32 warps: there they hold 30-32 registers (NVRTC 13, sm_90a), so two 32-warp programs fit an SM where the
+# model counts one; an SM then holds two rows, where 16-warp programs hold three or four, so the second pass finds more
+# of each row in L2. On an H200 against the 16 warps the model chose, on 25 points of 300-16384 rows of 20000-262144:
+# faster on 23 (softmax 0.5-15%, RMS norm 1-19%), RMS norm 1024x262144 the same, softmax 300x40000 2% slower. Not
+# RMS norm's rows off 16 bytes (36 registers: 4% faster and 5% slower) nor layer norm's loop (44, one program an SM:
+# 2-9% faster on 8 of 10 aligned points, 32% slower at 2048x20000, 12-23% slower off 16 bytes)
 MAX_ROW = {"softmax": 32768, "cross_entropy": 32768, "norm": 16384, "rmsnorm": 16384}  # widest row block kept in
 # registers: 32 values per thread at 1024 threads, the most without spills (NVRTC, sm_80/sm_90a: norms spill at 32768)
 LONE_BYTES = 65536  # the largest block of a lone whole-row program: one SM streams it in (and out), where a split or a
@@ -262,11 +263,11 @@ def _looped(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu)
     to how much of the window fits, which overstates what a window larger than L2 keeps, so it undervalues the
     smaller windows of more warps (measured: 16 warps 3-25% faster than the 8 the model had within TOLERANCE,
     layer norm f16 4096x32768 and bf16 1024x32768, rmsnorm bf16 1024x262144, softmax f16 4096x262144 and f32
-    4096x128256); fewest first for cross-entropy, which reads once (4-16 warps within 1.5% there). Loops over
-    aligned f32 rows take F32_LOOP_WARPS where it has their op."""
+    4096x128256); fewest first for cross-entropy, which reads once (4-16 warps within 1.5% there); 32 for the
+    F32_LOOPS."""
     row_bytes, elems = n_cols * itemsize, SHIFTED_ELEMS if lead else LOOP_ELEMS
-    for warps in (4, 8, 16, 32) if op == "cross_entropy" else (F32_LOOP_WARPS[op],) \
-            if itemsize == 4 and not lead and op in F32_LOOP_WARPS else (32, 16, 8, 4):
+    for warps in (4, 8, 16, 32) if op == "cross_entropy" else (32,) if itemsize == 4 and (op, lead > 0) in F32_LOOPS \
+            else (32, 16, 8, 4):
         block = elems * 32 * warps
         per_sm = resident(g, warps, registers(elems))
         window = min(n_rows, g.sms * per_sm) * row_bytes

@@ -362,15 +362,16 @@ def test_loops_over_rows_off_16_byte_boundaries_step_through_fewer_elements():
 
 
 def test_f32_loops_of_softmax_and_rms_norm_run_two_programs_of_32_warps_an_sm():
-    """At 16 f32 values a thread their loops fit two 32-warp programs an SM; layer norm's, and rows off 16 bytes, keep
-    the model's choice."""
+    """Where their loops over f32 rows fit two 32-warp programs an SM (F32_LOOPS) they take them; layer norm's loop,
+    RMS norm's over rows off 16 bytes and 16-bit rows keep the model's choice."""
     g = Gpu()
     for rows, n in ((300, 40000), (512, 100000), (4096, 65536), (2048, 131072)):
-        for op in ops.F32_LOOP_WARPS:
-            p = ops.plan(op, rows, n, 4, False, g)
-            assert (p.kind, p.warps, p.block) == ("looped", 32, ops.LOOP_ELEMS * 32 * 32)
+        for op, shift in ops.F32_LOOPS:
+            p = ops.plan(op, rows, n + shift, 4, shift, g)
+            elems = ops.SHIFTED_ELEMS if shift else ops.LOOP_ELEMS
+            assert (p.kind, p.warps, p.block) == ("looped", 32, elems * 32 * 32)
         assert ops.plan("norm", rows, n, 4, False, g).warps < 32 and ops.plan("softmax", rows, n, 2, False, g).warps < 32
-    assert ops.plan("softmax", 4096, 50257, 4, True, g).warps < 32
+    assert ops.plan("rmsnorm", 4096, 50257, 4, True, g).warps < 32
 
 
 def test_rms_norm_takes_more_warps_than_layer_norm():
@@ -451,7 +452,7 @@ def test_a_wait_per_step_favors_bigger_steps_only_for_lone_programs():
     for op in ("norm", "softmax", "cross_entropy"):
         assert ops.plan(op, 128, 65536, 4, False, g).warps == 32  # a row per SM
     assert ops.plan("norm", 128, 32768, 4, False, g).warps == 32
-    for op, itemsize in (("norm", 4), ("norm", 2), ("softmax", 2)):  # (f32 softmax: F32_LOOP_WARPS)
+    for op, itemsize in (("norm", 4), ("norm", 2), ("softmax", 2)):  # (f32 softmax: F32_LOOPS)
         assert ops.plan(op, 4096, 50257, itemsize, False, g).warps == 16  # two programs per SM, many waves
 
 
