@@ -180,16 +180,37 @@ def forced_plans(n: int, itemsize: int, shift: bool, grouped: bool):
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_plan(device, dtype, monkeypatch):
-    """Each plan on rows of 1000 (16-byte aligned for every dtype), of 1001 (rows off 16-byte boundaries:
-    SHIFT) and on a row-strided view whose output rows sit at other offsets (no SHIFT, checked accesses)."""
-    base = (torch.randn(5, 1003, device=device) * 3).to(dtype)
-    inputs = [base[:, :1000].contiguous(), base[:, :1001].contiguous(), base[:, :999]]
+    """Each plan on rows of 1000 (16-byte aligned for every dtype), of 1001 and 1023 (rows off 16-byte boundaries:
+    SHIFT; a split's chunks cover the row's widest lead, 1023 + 16 bytes, so at 1023 the last chunk lies past the end
+    of the rows that start nearest a boundary) and on a row-strided view whose output rows sit at other offsets (no
+    SHIFT, checked accesses)."""
+    base = (torch.randn(5, 1030, device=device) * 3 + 2).to(dtype)
+    inputs = [base[:, :1000].contiguous(), base[:, :1001].contiguous(), base[:, :1023].contiguous(), base[:, :999]]
     for x in inputs:
         shift = ops._configure("softmax", x, x.shape[1])[1]["SHIFT"]
-        assert shift == (x.stride(0) == 1001) or x.stride(0) == 1003
+        assert shift == (x.stride(0) in (1001, 1023)) or x.stride(0) == 1030
         for p in forced_plans(x.shape[1], x.element_size(), shift, x.is_contiguous()):
             force_plan(monkeypatch, p)
             check_row_ops(x, dtype)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_split_norm_chunks_count_each_column_once(device, dtype, monkeypatch):
+    """The chunks of a split cover a row's widest lead: on rows of 1023 off 16-byte boundaries the last chunk starts
+    past the end of the rows that start nearest a boundary. Each row's chunk counts must still sum to its width (a
+    chunk past the end once counted -1, or 0 with a mean of 0 / 0: NaN rows)."""
+    x = torch.randn(9, 1023, device=device).to(dtype) + 5
+    loop = 64 * 16 // x.element_size()
+    p = Plan("split", loop, 1, parts=math.ceil((1023 + 16 // x.element_size() - 1) / (2 * loop)), chunk=2 * loop)
+    force_plan(monkeypatch, p)
+    w = torch.randn(1023, device=device).to(dtype)
+    steps, alloc = ops._norm_steps(x, False, False)
+    values = (x, w, w, 1e-5) + alloc(x)
+    kernel, grid, args, meta = steps[0]  # the partial moments
+    kernel[grid](*(values[a.i] if isinstance(a, ops._In) else a for a in args), **meta)
+    counts = values[-1].view(9, p.parts, 3)[..., 0]
+    assert (counts >= 0).all() and torch.equal(counts.sum(1), torch.full((9,), 1023.0, device=device))
 
 
 @pytest.mark.parametrize("device", devices())
