@@ -2,7 +2,8 @@
 (every size limit its square root there: it runs a program at a time in Python) and on the GPU (marker gpu).
 
 The fixed shapes of test_ops and test_matmul pin each plan; these draw what a user might pass instead, so that a plan,
-a copy or a specialization that only some shapes reach is met: sides log-uniform over 1-6000, operands transposed,
+a copy or a specialization that only some shapes reach is met: sides log-uniform over 1-6000 (row widths a third of
+the time a power of two give or take 8, where plans' blocks and chunks end), operands transposed,
 sliced from wider rows or started off 16 bytes, fp8 with and without scales, bias and activations; row ops,
 elementwise ops and reductions on views; attention forward and backward with GQA, causal masks of unequal lengths and
 strided heads.
@@ -66,6 +67,8 @@ class Draw(random.Random):
         also as [b, rows / b, n] with the batch outermost or not (a view the ops see through or copy)."""
         dtype = self.choice([torch.float32, torch.float16, torch.bfloat16])
         rows, n = self.side(1, 5000), self.side(1, widest)
+        if self.random() < 0.3:  # a power of two give or take a few: where blocks, loops and a split's chunks end
+            n = max(1, min(self.limit(widest), 1 << round(math.log2(n))) + self.randint(-8, 8))
         while rows * n > self.limit(most):
             rows = max(1, rows // 2)
         if batched and self.random() < 0.25:
