@@ -344,6 +344,7 @@ def run_one(r: random.Random, device: str) -> str:
 def test_random_kernels(device, monkeypatch):
     monkeypatch.setenv("NEWT_VERIFY", "1")  # the IR verifier after every pass, the interpreter's types per op
     r = random.Random(f"{SEED}-{device}")
+    torch.manual_seed(SEED)  # the inputs too: NEWT_RANDOM_SEED repeats a failing program exactly
     for i in range(int(COUNT or (30 if device == "cpu" else 120))):
         try:
             run_one(r, device)
