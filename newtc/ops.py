@@ -266,8 +266,8 @@ def _looped(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu)
     4096x128256); fewest first for cross-entropy, which reads once (4-16 warps within 1.5% there); 32 for the
     F32_LOOPS."""
     row_bytes, elems = n_cols * itemsize, SHIFTED_ELEMS if lead else LOOP_ELEMS
-    for warps in (4, 8, 16, 32) if op == "cross_entropy" else (32,) if itemsize == 4 and (op, lead > 0) in F32_LOOPS \
-            else (32, 16, 8, 4):
+    order = (4, 8, 16, 32) if op == "cross_entropy" else (32, 16, 8, 4)
+    for warps in (32,) if itemsize == 4 and (op, lead > 0) in F32_LOOPS else order:
         block = elems * 32 * warps
         per_sm = resident(g, warps, registers(elems))
         window = min(n_rows, g.sms * per_sm) * row_bytes
