@@ -66,9 +66,10 @@ def main() -> None:
     ops.matmul(a, b, torch.randn(70, device=d).half(), "gelu")
     x = torch.randn(33, 3000, device=d)
     ops.softmax(x), ops.log_softmax(x.half())
-    for rows, n in ((7, 1001), (3, 50257), (300, 50257)):  # rows off 16-byte boundaries: whole, split and looped
+    # rows off 16-byte boundaries: whole, split and looped (7x262143: a split's last chunk past some rows' ends)
+    for rows, n in ((7, 1001), (3, 50257), (300, 50257), (7, 262143)):
         y = torch.randn(rows, n, device=d)
-        ops.softmax(y), ops.rmsnorm(y.half(), torch.randn(n, device=d).half())
+        ops.softmax(y), ops.rmsnorm(y, torch.randn(n, device=d)), ops.rmsnorm(y.half(), torch.randn(n, device=d).half())
     ops.layernorm(x, torch.randn(3000, device=d), torch.randn(3000, device=d))
     ops.rmsnorm(x.bfloat16(), torch.randn(3000, device=d).bfloat16())
     ops.cross_entropy(torch.randn(9, 40000, device=d).half(), torch.randint(0, 40000, (9,), device=d))
