@@ -666,8 +666,8 @@ def layernorm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = 1e-5)
                                          bias.requires_grad) and torch.is_grad_enabled():
         return torch.ops.newt.layernorm(x, weight, bias, eps)
     b = bias if bias is not None else weight
-    key = ("layernorm", x.shape, x.stride(), x.dtype, x.get_device(), weight.dtype, weight.stride(),
-           None if bias is None else (b.dtype, b.stride()))
+    key = ("layernorm", x.shape, x.stride(), x.dtype, x.get_device(), weight.dtype, weight.shape, weight.stride(),
+           None if bias is None else (b.dtype, b.shape, b.stride()))
     bound = _fast.get(key)
     if bound is None or (out := bound(x, weight, b, eps)) is None:
         out = _norm(x, weight, bias, eps, False, key)
@@ -678,7 +678,7 @@ def rmsnorm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     """RMS norm over the last dimension, with weight."""
     if torch.compiler.is_compiling() or (x.requires_grad or weight.requires_grad) and torch.is_grad_enabled():
         return torch.ops.newt.rmsnorm(x, weight, eps)
-    key = ("rmsnorm", x.shape, x.stride(), x.dtype, x.get_device(), weight.dtype, weight.stride())
+    key = ("rmsnorm", x.shape, x.stride(), x.dtype, x.get_device(), weight.dtype, weight.shape, weight.stride())
     bound = _fast.get(key)
     if bound is None or (out := bound(x, weight, weight, eps)) is None:
         out = _norm(x, weight, None, eps, True, key)

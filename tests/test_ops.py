@@ -306,6 +306,29 @@ def test_bound_path_leaves_tensors_of_another_device_to_the_general_path(monkeyp
         assert not launched
 
 
+def test_bound_path_leaves_a_weight_of_another_size_to_the_general_path(monkeypatch):
+    """A norm's key holds its weight's (and bias's) shape: called with a weight of another size after a bound call, an
+    op must not launch the bound kernels on it (they read a row's width of it: past its end, or the wrong values) but
+    take the general path, which names the mistake. Forced on the CPU, the launch recorded."""
+    launched = []
+    monkeypatch.setattr(ops, "_fast", {})  # keys bound by other tests launch into their own records
+    monkeypatch.setattr(ops, "_bind", lambda kernel, args, meta, device: lambda *a: launched.append(a))
+    monkeypatch.setattr(ops, "_raw_stream", lambda device: 0)
+    monkeypatch.setattr(ops, "_bindable", lambda tensors: True)
+    x, w, b = torch.randn(4, 64), torch.randn(64), torch.randn(64)
+    for call, wrong in ((lambda w, b: ops.rmsnorm(x, w), [(torch.randn(32), b)]),
+                        (lambda w, b: ops.layernorm(x, w, b), [(torch.randn(32), b), (w, torch.randn(128))])):
+        call(w, b)  # binds the key
+        launched.clear()
+        call(w, b)
+        assert launched  # the bound path
+        launched.clear()
+        for args in wrong:
+            with pytest.raises(ops.NkError, match="takes a weight"):
+                call(*args)
+        assert not launched
+
+
 # ---- the model ------------------------------------------------------------------------------------
 WIDTHS = [1, 7, 64, 100, 768, 1000, 1024, 3000, 4096, 5120, 11008, 16384, 32768, 50257, 65536, 128256, 262144, 10**6]
 ROWS = [1, 3, 8, 128, 1024, 4096, 32768]
