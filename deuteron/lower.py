@@ -108,8 +108,8 @@ class Lowered:
         self.file = f"{self.short}~{name}.nk"  # not the folder: a program loaded by another path shares newt's caches
         self.lines, self.preamble, self.depth = [], [], 1  # (depth, text, span)
         self.params, self.consts, self.memo, self.env, self.rindex = {}, {}, {}, {}, {}  # params: name -> source
-        # for the search space: each tile's bound (its next power of two, or None), the tiles of dots, the block
-        # shapes (tuples of tiles and whole sizes), an in-kernel tile loop, the grid's last two dimensions tiles
+        # for the search space: each tile's extent (None where the host code does not know it), the tiles of dots, the
+        # block shapes (tuples of tiles and whole sizes), an in-kernel tile loop, the grid's last two dimensions tiles
         self.tiles, self.dots, self.values, self.loops, self.group = {}, set(), set(), False, False
         self.lower(loop)
         self.itemsize = max((v.element_size() for v in host.values() if isinstance(v, torch.Tensor)), default=2)
@@ -228,7 +228,7 @@ class Lowered:
     def tile(self, name: str, node, bound: E) -> Dim:
         """A tile loop's block; it is not masked where the host code's sizes show that the block divides the bound."""
         size, n = self.config.get(f"block_{name}", 1), self.known(node)
-        self.tiles[name] = None if n is None else next_pow2(n)
+        self.tiles[name] = n  # the tile's extent, where the host code knows it
         block = self.declare(self.consts, f"BLOCK_{name.upper()}", size, ("block", name))
         return Dim(name, block, None if n is not None and n % size == 0 else bound.text, name, size)
 
@@ -399,6 +399,8 @@ class Lowered:
             require(d < t.dim(), f"too many indices for a tensor of rank {t.dim()}", e.span)
             require(is_whole(item) or not isinstance(item, A.Slice), "a tensor takes `:` (a whole dimension), not a range", item.span)
             if is_whole(item) or isinstance(v, TileVar):
+                # a tile over more than x has: the GPU would read past x's end (the oracle and the interpreter raise)
+                require(is_whole(item) or (self.tiles[item.id] or 0) <= t.shape[d], f"the tile runs past {x}'s dimension {d} ({t.shape[d]})", item.span)
                 dims.append(self.whole(self.size(x, d), t.shape[d]) if is_whole(item) else v.dim)
                 offsets.append(len(dims) - 1)
             else:
@@ -429,8 +431,7 @@ class Lowered:
         return E(f"dot({', '.join(texts + ([self.expr(acc).text] if acc else []))})", (a.dims[0], b.dims[1]))
 
     def e_Call(self, e):
-        f = callee(e)
-        kw = dict(e.kwargs)
+        f, kw = callee(e), dict(e.kwargs)
         if f in IDENTITY:
             return self.reduce(f, e, kw)
         if f in ("zeros", "full"):
@@ -454,8 +455,7 @@ class Lowered:
         axis = None if node is None or is_none(node) else self.known(node, "an axis")
         keep = "keep_dims" in kw and bool(self.known(kw["keep_dims"]))
         axes = range(len(x.dims)) if axis is None else [axis % len(x.dims)]
-        args = [padded(x, axes, IDENTITY[f])]
-        args += ([f"axis={axis}"] if axis is not None else []) + (["keep_dims=True"] if keep else [])
+        args = [padded(x, axes, IDENTITY[f]), *([f"axis={axis}"] if axis is not None else []), *(["keep_dims=True"] if keep else [])]
         return E(f"{f}({', '.join(args)})", tuple(None if a in axes else d for a, d in enumerate(x.dims) if keep or a not in axes))
 
     def alloc(self, f, e):
