@@ -108,9 +108,10 @@ class Lowered:
         self.file = f"{self.short}~{name}.nk"  # not the folder: a program loaded by another path shares newt's caches
         self.lines, self.preamble, self.depth = [], [], 1  # (depth, text, span)
         self.params, self.consts, self.memo, self.env, self.rindex = {}, {}, {}, {}, {}  # params: name -> source
-        # for the search space: each tile's extent (None where the host code does not know it), the tiles of dots, the
-        # block shapes (tuples of tiles and whole sizes), an in-kernel tile loop, the grid's last two dimensions tiles
-        self.tiles, self.dots, self.values, self.loops, self.group = {}, set(), set(), False, False
+        # for the search space: each tile's bound (its next power of two, or None), the tiles of dots, the block
+        # shapes (tuples of tiles and whole sizes), an in-kernel tile loop, the grid's last two dimensions tiles; and
+        # the extent of each tile and grid index the host code knows
+        self.tiles, self.extent, self.dots, self.values, self.loops, self.group = {}, {}, set(), set(), False, False
         self.lower(loop)
         self.itemsize = max((v.element_size() for v in host.values() if isinstance(v, torch.Tensor)), default=2)
         self.gpu = gpu.gpu(interp.device.index if interp.device.type == "cuda" else -1)  # what dot tiles fit
@@ -183,6 +184,7 @@ class Lowered:
         for name, arg in zip(header(loop)[1], loop.iter.args):
             node = arg.args[0] if callee(arg) == "grid" else arg
             bound, n = self.scalar(node), self.known(node, "a grid's size")
+            self.extent[name] = n
             d = self.tile(name, arg, bound) if node is arg else None
             dims.append((name, bound.text, d))
             grid *= -(-n // d.size) if d else n
@@ -228,7 +230,7 @@ class Lowered:
     def tile(self, name: str, node, bound: E) -> Dim:
         """A tile loop's block; it is not masked where the host code's sizes show that the block divides the bound."""
         size, n = self.config.get(f"block_{name}", 1), self.known(node)
-        self.tiles[name] = n  # the tile's extent, where the host code knows it
+        self.tiles[name], self.extent[name] = None if n is None else next_pow2(n), n
         block = self.declare(self.consts, f"BLOCK_{name.upper()}", size, ("block", name))
         return Dim(name, block, None if n is not None and n % size == 0 else bound.text, name, size)
 
@@ -391,16 +393,16 @@ class Lowered:
         require(t is not None, "tiles index the host code's tensors", e.value.span)
         x, dims, offsets = e.value.id, [], []  # offsets: per dimension of x, an axis of dims or a scalar E
         for item in e.index:
-            v = self.env.get(item.id) if isinstance(item, A.Name) else None
+            v, n = (self.env.get(item.id), self.extent.get(item.id)) if isinstance(item, A.Name) else (None, None)
             if is_none(item):
                 dims.append(None)
                 continue
             d = len(offsets)
             require(d < t.dim(), f"too many indices for a tensor of rank {t.dim()}", e.span)
             require(is_whole(item) or not isinstance(item, A.Slice), "a tensor takes `:` (a whole dimension), not a range", item.span)
+            # n: a tile's or grid index's extent; past x's size the GPU would read past its end (the oracle raises)
+            require((n or 0) <= t.shape[d], f"the index runs over {n}, past {x}'s dimension {d} of {t.shape[d]}", item.span)
             if is_whole(item) or isinstance(v, TileVar):
-                # a tile over more than x has: the GPU would read past x's end (the oracle and the interpreter raise)
-                require(is_whole(item) or (self.tiles[item.id] or 0) <= t.shape[d], f"the tile runs past {x}'s dimension {d} ({t.shape[d]})", item.span)
                 dims.append(self.whole(self.size(x, d), t.shape[d]) if is_whole(item) else v.dim)
                 offsets.append(len(dims) - 1)
             else:

@@ -13,8 +13,6 @@ import math
 import random
 import time
 
-from .lower import next_pow2
-
 PER_THREAD = 128  # elements a block may hold per thread
 EFFORT = {"quick": (12, 1, 40.0), "full": (48, 2, 600.0)}  # population, move radius, seconds
 # The knobs besides block sizes: their choices, default, and the lower.Lowered field saying where they apply (None: always).
@@ -30,7 +28,7 @@ class Space:
     """The configs of a call, derived from what the lowering saw of each of its grids (lower.Lowered)."""
 
     def __init__(self, infos: list, tunables: dict):
-        tiles = {var: n and next_pow2(n) for info in infos for var, n in info.tiles.items()}
+        tiles = {var: bound for info in infos for var, bound in info.tiles.items()}
         dots, self.values = set().union(*(i.dots for i in infos)), set().union(*(i.values for i in infos))
         dot = {var for d in dots for var in d if var}
         self.choices, defaults = {}, {}

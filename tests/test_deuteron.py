@@ -274,13 +274,20 @@ tile overrun(x):
     for t in tiles(x.shape[0] + 5):
         out[t] = x[t]
     return out
+
+tile grid_overrun(x):
+    out = empty_like(x)
+    for i in tiles(grid(x.shape[0] + 1)):
+        out[i] = x[i]
+    return out
 """
 
 
 @pytest.mark.parametrize("name,line,message", [
     ("shift", 4, "needs integer operands"),  # newt's checker, on the generated kernel
     ("ranged", 10, "too many indices"),  # the lowering
-    ("overrun", 16, "the tile runs past x's dimension 0 (100)"),  # the lowering: on the GPU, a read past x's end
+    ("overrun", 16, "the index runs over 105, past x's dimension 0 of 100"),  # the lowering: on the GPU, a read past
+    ("grid_overrun", 22, "the index runs over 101, past x's dimension 0 of 100"),  # x's end
 ])
 def test_errors_point_at_the_tile_program(name, line, message):
     bad = deuteron.compile(BAD, "bad.nk")
