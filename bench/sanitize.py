@@ -70,6 +70,8 @@ def main() -> None:
     for rows, n in ((7, 1001), (3, 50257), (300, 50257), (7, 262143)):
         y = torch.randn(rows, n, device=d)
         ops.softmax(y), ops.rmsnorm(y, torch.randn(n, device=d)), ops.rmsnorm(y.half(), torch.randn(n, device=d).half())
+    for rows, n, dt in ((1024, 1283, torch.bfloat16), (2048, 1025, torch.half)):  # softmax's rows alone on 1-2 warps
+        ops.softmax(torch.randn(rows, n, device=d, dtype=dt))
     ops.layernorm(x, torch.randn(3000, device=d), torch.randn(3000, device=d))
     ops.rmsnorm(x.bfloat16(), torch.randn(3000, device=d).bfloat16())
     ops.cross_entropy(torch.randn(9, 40000, device=d).half(), torch.randint(0, 40000, (9,), device=d))

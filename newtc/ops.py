@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -89,6 +89,11 @@ CROWDED = 0.5  # norms, not lone: where one-warp programs of a row each would fi
 # at 4096 rows: RMS norm 0.93-1.17 -> 1.11-1.27 of the best other, layer norm 0.98-1.12 -> 1.09-1.20; at 32768 rows of
 # 768 within 6%, of 64-128 layer norm 2.9-4.4 -> 3.2-5.3)
 PROGRAM_BYTES = 2048  # short rows are grouped until a program moves this much (f16 rows of 1024 by two)
+ALONE = {"softmax"}  # ops whose aligned rows of PROGRAM_BYTES or more never share a program: where the model groups
+# them, they run as programs of their own, each on the warps its row had (H200, in graphs of launches, 36 points of
+# 16-bit rows of 1024-2560 and f32 rows of 640 at 512-32768 rows: 0.99-1.28x, geomean 1.11; rows off 16 bytes went
+# both ways, 0.92-1.14x), where the norms' grouped rows share one load of the weight (layer norm 16-bit 1024x1024:
+# 0.82x alone) and cross-entropy's went both ways too (0.91-1.35x)
 LONE_THREADS = 2  # threads of a lone whole-row program per sqrt(byte) of its block (measured on an H200: 16 KB blocks
 # of softmax and cross-entropy 0.3-0.8 us faster at 8 warps than at 32, a 64 KB one at 16, 512 bytes at 1; norms differ)
 LOOP_ELEMS = 16  # elements per thread in each block of a loop
@@ -309,10 +314,14 @@ def _split(op: str, n_rows: int, n_cols: int, itemsize: int, lead: int, g: Gpu):
 def plan(op: str, n_rows: int, n_cols: int, itemsize: int, shift: bool, g: Gpu = Gpu(), grouped: bool = True) -> Plan:
     """The configuration of a row op ("softmax", "cross_entropy", "norm" or "rmsnorm") on n_rows x n_cols elements of
     `itemsize` bytes. With `shift`, rows start off a 16-byte boundary and a block covers 16 bytes more;
-    without `grouped`, a program takes one row."""
+    without `grouped`, a program takes one row. The ALONE ops' long rows leave the model's group."""
     options = candidates(op, n_rows, n_cols, itemsize, shift, g, grouped)
     best = min(c.seconds for c in options)
-    return next(c for c in options if c.seconds <= best * TOLERANCE)
+    p = next(c for c in options if c.seconds <= best * TOLERANCE)
+    if op not in ALONE or p.kind != "rows" or p.rows == 1 or n_cols * itemsize < PROGRAM_BYTES or shift:
+        return p
+    warps = max(1, p.warps // p.rows)  # each row alone, on the warps it had
+    return replace(p, rows=1, warps=warps, regs=_one_wave(g, n_rows, warps, (p.block + p.tail) // (32 * warps)))
 
 
 def candidates(op: str, n_rows: int, n_cols: int, itemsize: int, shift: bool, g: Gpu = Gpu(),

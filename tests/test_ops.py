@@ -391,6 +391,12 @@ def test_plan_shapes_the_launch_to_the_input():
     # 1024 rows of 5120 halves fit one wave at 8 programs an SM: registers capped at 64 (NVRTC would take 65 for f16),
     # where more rows than a wave holds at 4 warps get no cap
     assert [ops.plan("rmsnorm", rows, 5120, 2, False, g).regs for rows in (1024, 2048)] == [64, 0]
+    # softmax's aligned rows of 2 KB or more run a row a program, on the warps the model's group gave each row (4096
+    # x 1024 halves: two rows on 4 warps -> one on 2); the norms' grouped rows share a load of the weight, and rows
+    # off 16 bytes keep the group
+    alone = [ops.plan("softmax", 4096, n, 2, False, g) for n in (1024, 1280)]
+    assert [(p.rows, p.warps) for p in alone] == [(1, 2), (1, 1)]
+    assert ops.plan("norm", 4096, 1024, 2, False, g).rows == ops.plan("softmax", 4096, 2047, 2, True, g).rows == 2
     # fewer SMs: a smaller GPU needs fewer chunks to fill
     small = ops.plan("cross_entropy", 8, 128256, 2, False, Gpu(sms=16))
     assert small.parts < ops.plan("cross_entropy", 8, 128256, 2, False, g).parts
