@@ -89,11 +89,11 @@ CROWDED = 0.5  # norms, not lone: where one-warp programs of a row each would fi
 # at 4096 rows: RMS norm 0.93-1.17 -> 1.11-1.27 of the best other, layer norm 0.98-1.12 -> 1.09-1.20; at 32768 rows of
 # 768 within 6%, of 64-128 layer norm 2.9-4.4 -> 3.2-5.3)
 PROGRAM_BYTES = 2048  # short rows are grouped until a program moves this much (f16 rows of 1024 by two)
-ALONE = {"softmax"}  # ops whose aligned rows of PROGRAM_BYTES or more never share a program: where the model groups
-# them, they run as programs of their own, each on the warps its row had (H200, in graphs of launches, 36 points of
-# 16-bit rows of 1024-2560 and f32 rows of 640 at 512-32768 rows: 0.99-1.28x, geomean 1.11; rows off 16 bytes went
-# both ways, 0.92-1.14x), where the norms' grouped rows share one load of the weight (layer norm 16-bit 1024x1024:
-# 0.82x alone) and cross-entropy's went both ways too (0.91-1.35x)
+ALONE = {"softmax"}  # ops whose rows of PROGRAM_BYTES or more never share a program: where the model groups them,
+# they run as programs of their own, each on the warps its row had (H200, in graphs of launches, 36 points of aligned
+# 16-bit rows of 1024-2560 and f32 rows of 640 at 512-32768 rows: 0.99-1.28x, geomean 1.11; rows off 16 bytes too, in
+# their grown tails: `_whole_rows`), where the norms' grouped rows share one load of the weight (layer norm 16-bit
+# 1024x1024: 0.82x alone) and cross-entropy's went both ways (0.91-1.35x)
 LONE_THREADS = 2  # threads of a lone whole-row program per sqrt(byte) of its block (measured on an H200: 16 KB blocks
 # of softmax and cross-entropy 0.3-0.8 us faster at 8 warps than at 32, a 64 KB one at 16, 512 bytes at 1; norms differ)
 LOOP_ELEMS = 16  # elements per thread in each block of a loop
@@ -224,7 +224,7 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
     loops and splits."""
     preferred = max(1, min(PROGRAM_BYTES // (n_cols * itemsize), n_rows // g.sms))
     covers = _covers(n_cols + lead)
-    tail_first = n_rows > g.sms and (op in NORM_LONE or itemsize < 4)
+    tail_first = n_rows > g.sms and (op in NORM_LONE or itemsize < 4 or lead)
     for block, tail in covers[::-1] if tail_first else covers:
         width = block + tail
         if width > MAX_ROW[op]:
@@ -242,7 +242,14 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
             if op == "rmsnorm" and not lone:  # first the fewest warps that hold at most RMS_BYTES a thread, up to 16
                 order = sorted(order, key=lambda w: (w < 16 and tile > 32 * w * RMS_BYTES, w))
             for warps in order:
-                per_thread, values = tile // (32 * warps), rows * width // (32 * warps)  # bytes, and f32 values
+                # rows off 16 bytes: a tail too short for a vector a thread grows to one, so that a row the lead
+                # carries past a power of two is not a block twice its size (H200, softmax 16-bit and f32 rows of
+                # 513-4095 at 4096 and 32768 rows, tail first: 0.99-1.67x; aligned rows' tails as before, unmeasured)
+                t = max(tail, 32 * warps * VECTOR // (rows * itemsize)) if tail and lead else tail
+                if t >= block:
+                    continue
+                tile = rows * (block + t) * itemsize
+                per_thread, values = tile // (32 * warps), rows * (block + t) // (32 * warps)  # bytes, f32 values
                 per_sm = resident(g, warps, registers(values))
                 streaming = programs > STREAM_WAVES * g.sms * per_sm and tile <= 2 * 32 * 64
                 crowded = op in NORM_LONE and not lone and n_rows >= CROWDED * g.sms * g.ctas
@@ -250,11 +257,11 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
                 too_few = warps < (2 if streaming or paired else MIN_WARPS) and tile >= MIN_WARPS * 512 or \
                     crowded and warps < 2
                 if per_thread > THREAD_BYTES or per_thread < min(VECTOR, tile // 32) or too_few or \
-                        tail and rows * tail * itemsize < 32 * warps * VECTOR:  # a tail gives every thread a vector
+                        t and rows * t * itemsize < 32 * warps * VECTOR:  # a tail gives every thread a vector
                     continue
                 if per_sm:
                     row_bytes = n_cols * itemsize
-                    yield Plan("rows", block, warps, rows=rows, tail=tail, regs=_one_wave(g, programs, warps, values),
+                    yield Plan("rows", block, warps, rows=rows, tail=t, regs=_one_wave(g, programs, warps, values),
                                seconds=seconds(g, programs, per_sm, min(rows, n_rows) * row_bytes,
                                                TRAFFIC[op] * n_rows * row_bytes, stores=op != "cross_entropy"))
 
@@ -318,7 +325,7 @@ def plan(op: str, n_rows: int, n_cols: int, itemsize: int, shift: bool, g: Gpu =
     options = candidates(op, n_rows, n_cols, itemsize, shift, g, grouped)
     best = min(c.seconds for c in options)
     p = next(c for c in options if c.seconds <= best * TOLERANCE)
-    if op not in ALONE or p.kind != "rows" or p.rows == 1 or n_cols * itemsize < PROGRAM_BYTES or shift:
+    if op not in ALONE or p.kind != "rows" or p.rows == 1 or n_cols * itemsize < PROGRAM_BYTES:
         return p
     warps = max(1, p.warps // p.rows)  # each row alone, on the warps it had
     return replace(p, rows=1, warps=warps, regs=_one_wave(g, n_rows, warps, (p.block + p.tail) // (32 * warps)))
