@@ -207,9 +207,10 @@ def _one_wave(g: Gpu, programs: int, warps: int, values: int) -> int:
 
 def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: Gpu, n_rows: int):
     """Whole-row candidates in order of preference: where there are more rows than SMs, a block and a tail
-    before one block for the norms and 16-bit rows (masked lanes cost registers, so occupancy, but no bytes;
-    measured on an H200 they cost time too: layer norm f32 32768 x 11008 30% faster as 8192 + 4096 than as 16384,
-    softmax and layer norm f16 32768 x 768 9-28% as 512 + 256; but f32 softmax and cross-entropy 3-5% slower),
+    before one block for the norms, 16-bit rows and rows off 16 bytes (masked lanes cost registers, so occupancy,
+    but no bytes; measured on an H200 they cost time too: layer norm f32 32768 x 11008 30% faster as 8192 + 4096
+    than as 16384, softmax and layer norm f16 32768 x 768 9-28% as 512 + 256; but aligned f32 softmax and
+    cross-entropy 3-5% slower),
     then ROWS (up to `group`) nearest to programs of PROGRAM_BYTES, then fewest warps (the most of the row per
     thread, up to THREAD_BYTES; for RMS norm first the fewest that hold at most RMS_BYTES a thread, up to 16).
     A launch of at most one program per SM is bound by its programs' latency, not by bytes in flight (the
