@@ -74,15 +74,21 @@ RMS_BYTES = 64  # ... that RMS norm prefers, where 16 warps can: its one reducti
 # norm's two (the mean, then the squares about it) twice, so more warps cost it less (H200, 1024 rows of 16 KB: 8 warps
 # 0.98-1.00 of the best other against 4 warps' 0.94-0.96, where layer norm runs up to 14% faster on 4)
 VECTOR = 16  # bytes a thread loads at once
-NORM_LONE = {"norm": 32, "rmsnorm": 16}  # bytes per thread of a lone norm program, up to 16 warps (`_whole_rows`):
-# RMS norm's one reduction leaves its weight step a larger share of the program (H200, 1 and 128 16-bit rows of 4096:
-# 16 warps 1.10-1.15 of the best other, 8 warps 0.94-1.04); a block of up to 32 bytes a lane stays on one warp, whose
-# reductions need no barrier (RMS norm, 1-128 16-bit rows of 512: 1 warp 1.15-1.20, 2 warps 1.09-1.11)
+NORMS = {"norm", "rmsnorm"}
+NORM_LONE = 16  # bytes per thread of a lone norm program (a vector), up to 16 warps (`_whole_rows`): their weight step
+# after the reductions is a second dependent step that more threads shorten (H200, in graphs of launches: RMS norm 1 and
+# 128 16-bit rows of 4096, 16 warps 1.10-1.15 of the best other, 8 warps 0.94-1.04; layer norm f32 rows of 768-1024 at
+# 1-128 rows, the sweeps' timings: 8 warps 1.04-1.17x faster than the 4 of 32 bytes a thread, 16-bit rows of 3000-4096
+# at 128 rows 16 warps 1.12x faster than 8, within 3% at 1-8 rows); a block of up to 32 bytes a lane stays on one warp,
+# whose reductions need no barrier (RMS norm, 1-128 16-bit rows of 512: 1 warp 1.15-1.20, 2 warps 1.09-1.11)
 MIN_WARPS = 4  # whole-row programs: fewer warps only for blocks too small to give 4 warps a vector each, or streaming:
-STREAM_WAVES = 4  # a launch of more programs than this many waves streams rows through its SMs, where 2 warps that hold
-# up to 64 bytes a thread move a tile as fast as 4 and fit twice the rows per SM (H200, in graphs of launches, 32768 rows
-# of 512-1024: cross-entropy 0.89-0.98 -> 1.00-1.02 of the best other, 16-bit rows of 512 1.00-1.05 -> 1.06-1.67; the
-# other plans it moves within 3%)
+STREAM_WAVES = 3  # a launch of more programs than this many waves streams rows through its SMs, where 2 warps that hold
+STREAM_BYTES = 96  # up to this many bytes a thread move a tile as fast as 4 and fit twice the rows per SM (H200, in
+# graphs of launches, 32768 rows of 512-1024: cross-entropy 0.89-0.98 -> 1.00-1.02 of the best other, 16-bit rows of 512
+# 1.00-1.05 -> 1.06-1.67; from 4 waves and 64 bytes to these, the sweeps' timings of both plans replayed over rows of
+# 256-3000 at 4096-32768 rows: geomean 1.045x over 52 points, softmax 16-bit 16384x512 and 32768x256 1.28-1.31x,
+# cross-entropy 16-bit rows of 2560-3000 1.06-1.11x, two 0.92x at 1.14 and 1.89 of the best other; at 128 bytes, rows
+# of 4096 halves 5-8% slower for the norms and cross-entropy)
 CROWDED = 0.5  # norms, not lone: where one-warp programs of a row each would fill this part of the SMs' block
 # slots (32 a SM: the cap, not warps or registers, limits them), no one-warp programs: two rows share a two-warp
 # program instead (a warp a row, one load of the weight for both; H200, in graphs of launches, 16-bit rows of 512-768
@@ -225,7 +231,7 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
     loops and splits."""
     preferred = max(1, min(PROGRAM_BYTES // (n_cols * itemsize), n_rows // g.sms))
     covers = _covers(n_cols + lead)
-    tail_first = n_rows > g.sms and (op in NORM_LONE or itemsize < 4 or lead)
+    tail_first = n_rows > g.sms and (op in NORMS or itemsize < 4 or lead)
     for block, tail in covers[::-1] if tail_first else covers:
         width = block + tail
         if width > MAX_ROW[op]:
@@ -236,8 +242,8 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
             lone = programs <= g.sms
             if lone and tile > LONE_BYTES:
                 continue
-            best = LONE_THREADS * math.sqrt(tile) if op not in NORM_LONE else \
-                32 if tile <= 32 * 32 else min(tile / NORM_LONE[op], 16 * 32)
+            best = LONE_THREADS * math.sqrt(tile) if op not in NORMS else \
+                32 if tile <= 32 * 32 else min(tile / NORM_LONE, 16 * 32)
             order = sorted((32, 16, 8, 4, 2, 1), key=lambda w: abs(math.log2(32 * w / best))) if lone else \
                 (1, 2, 4, 8, 16, 32)
             if op == "rmsnorm" and not lone:  # first the fewest warps that hold at most RMS_BYTES a thread, up to 16
@@ -252,8 +258,8 @@ def _whole_rows(op: str, group: int, n_cols: int, itemsize: int, lead: int, g: G
                 tile = rows * (block + t) * itemsize
                 per_thread, values = tile // (32 * warps), rows * (block + t) // (32 * warps)  # bytes, f32 values
                 per_sm = resident(g, warps, registers(values))
-                streaming = programs > STREAM_WAVES * g.sms * per_sm and tile <= 2 * 32 * 64
-                crowded = op in NORM_LONE and not lone and n_rows >= CROWDED * g.sms * g.ctas
+                streaming = programs > STREAM_WAVES * g.sms * per_sm and tile <= 2 * 32 * STREAM_BYTES
+                crowded = op in NORMS and not lone and n_rows >= CROWDED * g.sms * g.ctas
                 paired = crowded and rows == warps and tile < 2 * MIN_WARPS * 512
                 too_few = warps < (2 if streaming or paired else MIN_WARPS) and tile >= MIN_WARPS * 512 or \
                     crowded and warps < 2
