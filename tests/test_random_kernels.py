@@ -29,7 +29,10 @@ import pytest
 import torch
 
 import newtc
+import simt
+from newtc import jit
 
+interpret = jit.Kernel.interpret
 SEED = int(os.environ.get("NEWT_RANDOM_SEED", random.SystemRandom().randrange(2**32)))
 COUNT = os.environ.get("NEWT_RANDOM_KERNELS")
 # unit roundoffs (f64's twice: the model's own rounding is as large); integers are exact
@@ -340,13 +343,27 @@ def run_one(r: random.Random, device: str) -> str:
     return what
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def on_simt(kernel, grid, args, meta) -> None:
+    """A CPU launch through the kernel's generated CUDA (tests/simt.py), or the interpreter where it needs a GPU."""
+    try:
+        simt.run(kernel, grid, args, meta)
+    except simt.NeedsGpu:
+        interpret(kernel, grid, args, meta)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("simt", marks=pytest.mark.skipif(simt.GXX is None,
+                                                                                       reason="needs g++")),
+                                    pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_random_kernels(device, monkeypatch):
+    """simt: on the CPU, each program's generated CUDA run as the GPU would (the layouts, shuffles and shared memory
+    the passes chose), where it has no tensor cores, TMA or atomics."""
     monkeypatch.setenv("NEWT_VERIFY", "1")  # the IR verifier after every pass, the interpreter's types per op
+    if device == "simt":
+        monkeypatch.setattr(jit.Kernel, "interpret", on_simt)
     r = random.Random(f"{SEED}-{device}")
     torch.manual_seed(SEED)  # the inputs too: NEWT_RANDOM_SEED repeats a failing program exactly
-    for i in range(int(COUNT or (30 if device == "cpu" else 120))):
+    for i in range(int(COUNT or (30 if device != "cuda" else 120))):
         try:
-            run_one(r, device)
+            run_one(r, "cpu" if device == "simt" else device)
         except AssertionError as e:
             raise AssertionError(f"program {i} of NEWT_RANDOM_SEED={SEED} on {device}: {e}") from None

@@ -1,0 +1,51 @@
+"""The stdlib's row and elementwise ops as the GPU runs them, on the CPU: each launch runs its generated CUDA
+(tests/simt.py: a thread per CUDA thread, shuffles and barriers as on the GPU) instead of the interpreter, so that
+every layout the passes choose, every reduction across lanes and warps and every conversion through shared memory is
+checked against torch without a GPU. test_ops' own checks, on its CPU shapes and forced plans, plus several rows a
+program on several warps."""
+import pytest
+import torch
+
+import simt
+import test_ops as T
+from newtc import jit
+from newtc.ops import Plan
+
+pytestmark = [pytest.mark.skipif(simt.GXX is None, reason="needs g++ (C++20) to build the kernels for the CPU"),
+              pytest.mark.usefixtures("poisoned_outputs", "generated_code")]
+
+
+@pytest.fixture
+def generated_code(monkeypatch):
+    monkeypatch.setattr(jit.Kernel, "interpret", simt.run)
+
+
+@pytest.mark.parametrize("dtype", T.DTYPES)
+def test_ops_run_their_generated_code(dtype):
+    T.test_row_ops("cpu", dtype)
+    T.test_reductions("cpu", dtype)
+
+
+def test_elementwise_and_transpose_run_their_generated_code():
+    T.test_elementwise_and_transpose("cpu", torch.float32)  # 16-bit tiles transpose through ldmatrix: the GPU's
+
+
+@pytest.mark.parametrize("dtype", T.DTYPES)
+def test_every_plan_runs_its_generated_code(dtype, monkeypatch):
+    T.test_every_plan("cpu", dtype, monkeypatch)
+
+
+def test_huge_logits_and_outside_targets_on_every_plan_in_generated_code(monkeypatch):
+    T.test_rows_of_huge_logits_on_every_plan("cpu", -1e9, monkeypatch)
+    T.test_cross_entropy_targets_outside_the_row("cpu", monkeypatch)
+
+
+@pytest.mark.parametrize("dtype", T.DTYPES)
+@pytest.mark.parametrize("n,p", [(640, Plan("rows", 512, 4, rows=8, tail=128)),
+                                 (640, Plan("rows", 512, 2, rows=4, tail=128)),
+                                 (1024, Plan("rows", 1024, 4, rows=4)), (1024, Plan("rows", 1024, 4, rows=2)),
+                                 (1280, Plan("rows", 1024, 8, rows=4, tail=256))])
+def test_several_rows_on_several_warps(dtype, n, p, monkeypatch):
+    """Rows that share a program and its warps, with a tail narrower than a warp's lanes or none."""
+    T.force_plan(monkeypatch, p)
+    T.check_row_ops((torch.randn(19, n) * 3 + 2).to(dtype), dtype)
