@@ -97,21 +97,28 @@ class Layout:
         return sum(1 << k for k, b in enumerate(self.warp) if b == 0)
 
 
-def blocked(shape: tuple, num_warps: int, vec: int, order: tuple | None = None) -> Layout:
+def blocked(shape: tuple, num_warps: int, vec: int, order: tuple | None = None, keep: frozenset = frozenset(),
+            spread: int = 5) -> Layout:
     """The group-cyclic layout: `vec` consecutive elements per thread, then lanes, warps, more registers.
-    Elements are consecutive along the dims in `order`, fastest first (default: the last dim first)."""
+    Elements are consecutive along the dims in `order`, fastest first (default: the last dim first). For a block
+    reduced along the dims in `keep`: its lanes take at most `spread` bits of them, then the other dims', and its warps
+    take the dims in `keep` last, so that it reduces inside each warp with no barrier (ROWS rows of a row op: a row a
+    warp, not each row across all the warps), and blocks of the same other dims that spread alike (a row's block and
+    its tail) hold their reductions in one layout."""
     order = order if order is not None else tuple(reversed(range(len(shape))))
-    free = [s + b for s, w in (dim_bits(shape)[d] for d in order) for b in range(w)]
-    nbits = len(free)
+    free = [(d, s + b) for d in order for s, w in [dim_bits(shape)[d]] for b in range(w)]
 
-    def take(n: int) -> list[int]:
-        got = [1 << free.pop(0) if free else 0 for _ in range(n)]
-        return got
+    def take(n: int, bits: list) -> list[int]:
+        got = bits[:n]
+        for x in got:
+            free.remove(x)
+        return [1 << b for _, b in got] + [0] * (n - len(got))
 
-    reg = take(min(log2(vec), nbits))
-    lane = take(5)
-    warp = take(log2(num_warps))
-    reg += [1 << b for b in free]
+    reg = take(min(log2(vec), len(free)), free)
+    kept = [x for x in free if x[0] in keep]
+    lane = take(5, kept[:spread] + [x for x in free if x[0] not in keep] + kept[spread:])
+    warp = take(log2(num_warps), sorted(free, key=lambda x: x[0] in keep))
+    reg += [1 << b for _, b in free]
     return Layout(tuple(shape), tuple(reg), tuple(lane), tuple(warp))
 
 

@@ -101,7 +101,8 @@ def test_blocked_layout_covers_every_element(seed):
     rank = rng.randint(1, 3)
     shape = tuple(1 << rng.randint(0, 5) for _ in range(rank))
     num_warps, vec = 1 << rng.randint(0, 3), 1 << rng.randint(0, 3)
-    lay = blocked(shape, num_warps, vec)
+    keep = frozenset(d for d in range(rank) if rng.random() < 0.5)  # a block reduced along some dims, or none
+    lay = blocked(shape, num_warps, vec, keep=keep, spread=rng.randint(0, 5))
     n = numel(shape)
     assert len(lay.lane) == 5 and len(lay.warp) == log2(num_warps)
     assert lay.disjoint
@@ -364,3 +365,14 @@ def test_loop_state_from_a_free_start_takes_the_body_layout():
     start = code.index("for (")
     loop = code[start:code.index("\n  }", start)]  # up to the loop's closing brace, at the body's indent
     assert "__syncthreads" not in loop and "nk_smem" not in loop and "__shfl" not in loop
+
+
+def test_blocks_reduced_along_a_dim_keep_it_inside_each_warp():
+    # 8 rows of 512 halves reduced along the rows, 4 warps: lanes along a row, then a row (or two) a warp
+    lay = blocked((8, 512), 4, 8, keep=frozenset({1}))
+    assert {to_coord((8, 512), b)[1] for b in lay.warp} == {0}
+    assert blocked((8, 512), 4, 8).warp == (256, 512)  # not reduced: warps go on along the row
+    # a tail of 128 halves holds 16 lanes of a row: the block spreads its lanes alike, so both reduce into one layout
+    main, tail = blocked((8, 512), 4, 8, keep=frozenset({1}), spread=4), blocked((8, 128), 4, 8, keep=frozenset({1}))
+    assert slice_layout(main, 1) == slice_layout(tail, 1)
+    assert [to_coord((8, 512), b) for b in main.lane] == [(0, 8), (0, 16), (0, 32), (0, 64), (1, 0)]

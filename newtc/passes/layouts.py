@@ -96,24 +96,28 @@ def wgmma_layouts(op: ir.Op, spec, a_inner: int, b_inner: int) -> tuple | None:
     return sa, sb, wgmma_acc((m, n), warps), warps
 
 
+def upstream(v: ir.Value, defs: dict):
+    """The ops a value is computed from through elementwise ops, views and reductions (and the op that stops each
+    path: a load, a dot, ...)."""
+    stack, seen = [v], set()
+    while stack:
+        v = stack.pop()
+        d = defs.get(id(v))
+        if d is None or id(v) in seen:
+            continue
+        seen.add(id(v))
+        yield d
+        if d.kind in ir.ELEMENTWISE | ir.VIEWS | {"reduce"}:
+            stack += [a for a in d.args if a is not None and a.type.shape]
+
+
 def chained_dots(k: ir.Kernel, defs: dict) -> set:
     """The dots whose first operand is computed (through elementwise ops, views and reductions) from another
     dot's result, and those other dots."""
     out = set()
     for op in ir.walk(k.body):
-        if op.kind != "dot":
-            continue
-        stack, seen = [op.args[0]], set()
-        while stack:
-            v = stack.pop()
-            d = defs.get(id(v))
-            if d is None or id(v) in seen:
-                continue
-            seen.add(id(v))
-            if d.kind == "dot":
-                out |= {id(op), id(d)}
-            elif d.kind in ir.ELEMENTWISE | ir.VIEWS | {"reduce"}:
-                stack += [a for a in d.args if a is not None and a.type.shape]
+        if op.kind == "dot":
+            out |= {x for d in upstream(op.args[0], defs) if d.kind == "dot" for x in (id(op), id(d))}
     return out
 
 
@@ -157,6 +161,15 @@ class Plan:
         self.k = k
         self.vec = memory_vec(k)
         self.defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
+        self.keep: dict = {}  # block shape -> the axes blocks of that shape are reduced along (`blocked`'s keep)
+        for op in ir.walk(k.body):  # not a dot's results: those keep the dot's layout
+            x = op.args[0] if op.kind == "reduce" else None
+            if x is not None and x.type.shape and all(d.kind != "dot" for d in upstream(x, self.defs)):
+                self.keep[x.type.shape] = self.keep.get(x.type.shape, frozenset()) | {op.attrs["axis"]}
+        # blocks reduced alike whose other dims agree (a row block and its tail) spread their lanes as the narrowest
+        family = lambda s: (self.keep[s], tuple(n for d, n in enumerate(s) if d not in self.keep[s]))  # noqa: E731
+        room = {s: sum(log2(s[d]) for d in self.keep[s]) - log2(self.vec.get(s, 1)) for s in self.keep}
+        self.spread = {s: min(room[t] for t in room if family(t) == family(s)) for s in room}
         self.want: dict[int, list] = {}  # id(op) -> the layout of each operand (None: scalar or absent)
         self.free_ids: dict[int, bool] = {}
         self.heavy: set = set()  # dot accumulator layouts: where two layouts meet, data stays in these
@@ -164,7 +177,8 @@ class Plan:
 
     def default(self, t, order: tuple | None = None) -> Layout:
         vec = self.vec.get(t.shape) or 16 // max(1, t.dtype.itemsize)
-        return blocked(t.shape, self.k.spec.num_warps, vec, order)
+        return blocked(t.shape, self.k.spec.num_warps, vec, order, self.keep.get(t.shape, frozenset()),
+                       self.spread.get(t.shape, 5))
 
     def coalesced(self, ptr: ir.Value) -> Layout:
         """The default layout of a memory access, its threads running along the pointer's most contiguous dim."""
