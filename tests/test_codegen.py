@@ -359,15 +359,17 @@ def test_stdlib_sass(s, arch):
     assert not missing, f"{s.id} on {arch} lacks {missing}; has {sorted(ops)}"
 
 
-GROUPED = [*launched("softmax", bf16, (2048, 640), ()), *launched("layernorm", f32, (1024, 640), ())]
+GROUPED = [*launched("softmax", bf16, (2048, 640), ()), *launched("layernorm", f32, (1024, 640), ()),
+           *launched("cross_entropy", bf16, (4096, 640), ())]
 
 
 @pytest.mark.parametrize("s", GROUPED, ids=lambda s: s.id)
 def test_grouped_rows_reduce_inside_their_warps(s):
-    """Several rows a program (8 and 4 rows of 512 + a tail of 128 on 4 warps): a row, or two, a warp, and the block
-    and its tail hold their row statistics alike, so neither the reductions nor their merge go through shared
-    memory (layout.blocked's keep and spread)."""
-    assert dict(s.consts)["ROWS"] > 1 and dict(s.consts)["TAIL"] and s.num_warps > 1
+    """Several rows a program (8 and 4 rows of 512 + a tail of 128, 8 of 1024, on 4 warps): a row, or two, a warp, and
+    the block and its tail hold their row statistics alike, so neither the reductions nor their merge go through shared
+    memory (layout.blocked's keep and spread), nor cross-entropy's loads of a value a row (the target and its logit),
+    which take the statistics' layout (passes.layouts.Plan.default)."""
+    assert dict(s.consts)["ROWS"] > 1 and s.num_warps > 1
     found = opcodes(compiled(s, "sm_90a")[1])
     assert has(found, "SHFL.BFLY") and not any(has(found, p) for p in SMEM), sorted(found)
 

@@ -173,9 +173,14 @@ class Plan:
         self.want: dict[int, list] = {}  # id(op) -> the layout of each operand (None: scalar or absent)
         self.free_ids: dict[int, bool] = {}
         self.heavy: set = set()  # dot accumulator layouts: where two layouts meet, data stays in these
+        self.made: dict = {}  # block shape -> the layout a reduction (of a kept shape) gave the first of that shape
         self.chained = chained_dots(k, self.defs)
 
     def default(self, t, order: tuple | None = None) -> Layout:
+        """Blocks of a shape a reduction made before take its layout (a row op's loads of one value a row meet the
+        rows' statistics where they are); else `blocked`."""
+        if t.shape in self.made:
+            return self.made[t.shape]
         vec = self.vec.get(t.shape) or 16 // max(1, t.dtype.itemsize)
         return blocked(t.shape, self.k.spec.num_warps, vec, order, self.keep.get(t.shape, frozenset()),
                        self.spread.get(t.shape, 5))
@@ -270,6 +275,8 @@ class Plan:
             lay = slice_layout(src, op.attrs["axis"])
             res.layout = Layout(res.type.shape, lay.reg, lay.lane, lay.warp)  # keep_dims: a size-1 dim, no bits
             self.want[id(op)] = [src]
+            if op.args[0].type.shape in self.keep:
+                self.made.setdefault(res.type.shape, res.layout)
         elif kind == "reshape":  # of an anchored value: row-major flat indices are unchanged, so are the registers
             src = op.args[0].layout
             res.layout = Layout(res.type.shape, src.reg, src.lane, src.warp)
