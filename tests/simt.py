@@ -23,6 +23,9 @@ import torch
 from newtc.codegen.prelude import PRELUDE
 
 GXX = shutil.which("g++")
+# the prelude's plain C++, which the CPU build shares: bit casts, zeros, shuffles of any type, vector words
+SHARED = PRELUDE[PRELUDE.index("template <class T, class U> __device__ __forceinline__ T nk_bitcast"):
+                 PRELUDE.index("// Tensor-core operands")]
 GPU_ONLY = re.compile(r"\basm\b|nk_pack[24]\(|nk_cp_async|nk_desc|\batomic|nk_map")  # PTX, tensor cores, TMA, atomics
 
 
@@ -79,11 +82,11 @@ template <class T> inline T __shfl_xor_sync(unsigned, T v, int m) {
   return v;
 }
 inline unsigned __cvta_generic_to_shared(const void*) { return 0; }
-template <class T, class U> inline T nk_bitcast(U u) { T t; std::memcpy(&t, &u, sizeof t); return t; }
-inline float __uint_as_float(unsigned u) { return nk_bitcast<float>(u); }
-inline float __int_as_float(int u) { return nk_bitcast<float>(u); }
-inline unsigned __float_as_uint(float f) { return nk_bitcast<unsigned>(f); }
-inline int __float_as_int(float f) { return nk_bitcast<int>(f); }
+template <class T, class U> inline T nk_cast(U u) { T t; std::memcpy(&t, &u, sizeof t); return t; }
+inline float __uint_as_float(unsigned u) { return nk_cast<float>(u); }
+inline float __int_as_float(int u) { return nk_cast<float>(u); }
+inline unsigned __float_as_uint(float f) { return nk_cast<unsigned>(f); }
+inline int __float_as_int(float f) { return nk_cast<int>(f); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
@@ -91,9 +94,9 @@ inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 struct nk_f16 { unsigned short x; };
 struct nk_bf16 { unsigned short x; };
-inline float nk_tof(nk_f16 h) { return (float)nk_bitcast<_Float16>(h.x); }
+inline float nk_tof(nk_f16 h) { return (float)nk_cast<_Float16>(h.x); }
 inline float nk_tof(nk_bf16 h) { return __uint_as_float(((unsigned)h.x) << 16); }
-inline nk_f16 nk_to_f16(float f) { return {nk_bitcast<unsigned short>((_Float16)f)}; }
+inline nk_f16 nk_to_f16(float f) { return {nk_cast<unsigned short>((_Float16)f)}; }
 inline nk_bf16 nk_to_bf16(float f) {
   unsigned u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return {0x7fff};
@@ -105,16 +108,7 @@ inline float nk_log2(float x) { return std::log2(x); }
 inline float nk_log(float x) { return nk_log2(x) * 0.6931471805599453f; }
 inline float nk_div(float a, float b) { return a / b; }
 #define nk_opaque(x) (x)
-template <class T> inline T nk_zero() { T t{}; return t; }
-template <class T> inline T nk_shfl_xor(T v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
-struct alignas(16) nk_w16 { unsigned a, b, c, d; };
-struct alignas(8) nk_w8 { unsigned a, b; };
-template <int B> struct nk_word;
-template <> struct nk_word<16> { typedef nk_w16 t; };
-template <> struct nk_word<8> { typedef nk_w8 t; };
-template <> struct nk_word<4> { typedef unsigned t; };
-template <> struct nk_word<2> { typedef unsigned short t; };
-template <class T, int N> union nk_pack { typename nk_word<sizeof(T) * N>::t w; T e[N]; };
+NK_SHARED
 inline unsigned nk_bits32(float x) { return __float_as_uint(x); }
 template <class W> inline void nk_store_if(W* p, W v, bool m) { if (m) *p = v; }
 """
@@ -144,7 +138,8 @@ extern "C" void nk_run(void** args, unsigned gx, unsigned gy, unsigned gz, unsig
   for (auto* b : warps) delete b;
 }}
 """
-    text = CPU_PRELUDE.replace("NK_SMEM", str(SMEM)) + source.replace(PRELUDE.strip(), "") + runner
+    text = CPU_PRELUDE.replace("NK_SMEM", str(SMEM)).replace("NK_SHARED", SHARED) + source.replace(PRELUDE.strip(), "") \
+        + runner
     digest = hashlib.sha1(text.encode()).hexdigest()[:16]
     out = Path(tempfile.gettempdir()) / "newt-simt" / f"{digest}.so"
     if not out.exists():
