@@ -114,15 +114,15 @@ template <class W> inline void nk_store_if(W* p, W v, bool m) { if (m) *p = v; }
 """
 
 
-def _params(source: str, name: str) -> list[tuple[str, str]]:
-    """(C type, name) of the generated kernel's parameters (one per runtime parameter, in order)."""
+def _params(source: str, name: str) -> list[str]:
+    """The C types of the generated kernel's parameters (one per runtime parameter, in order)."""
     sig = re.search(rf"void\s+(?:__\w+__\([^)]*\)\s+)*{name}\(([^)]*)\)", source).group(1)
-    return [(p.rsplit(None, 1)[0].replace("__restrict__", "").strip(), p.rsplit(None, 1)[1]) for p in sig.split(",")]
+    return [p.rsplit(None, 1)[0].replace("__restrict__", "").replace("const", "").strip() for p in sig.split(",")]
 
 
 def _library(source: str, name: str, params: list) -> ctypes.CDLL:
     """The kernel and a launcher, `nk_run(args, gx, gy, gz, threads)`, built once per source."""
-    call = ", ".join(f"({t})args[{i}]" if t.endswith("*") else f"*({t}*)args[{i}]" for i, (t, _) in enumerate(params))
+    call = ", ".join(f"({t})args[{i}]" if t.endswith("*") else f"*({t}*)args[{i}]" for i, t in enumerate(params))
     runner = f"""
 extern "C" void nk_run(void** args, unsigned gx, unsigned gy, unsigned gz, unsigned threads) {{
   blockDim = {{threads, 1, 1}}; gridDim = {{gx, gy, gz}};
@@ -162,12 +162,12 @@ def run(kernel, grid: tuple, args: list, meta: dict) -> None:
         raise NeedsGpu(out.name)
     params = _params(out.source, out.name)  # the kernel's runtime parameters, in order
     keep, values = [], []
-    for (t, _), a in zip(params, args, strict=True):
+    for t, a in zip(params, args, strict=True):
         if isinstance(a, torch.Tensor):
             values.append(ctypes.c_void_p(a.data_ptr()))
         else:
             c = {"int": ctypes.c_int, "long long": ctypes.c_longlong, "float": ctypes.c_float,
-                 "double": ctypes.c_double, "unsigned": ctypes.c_uint}[t.replace("const", "").strip()](a)
+                 "double": ctypes.c_double, "unsigned": ctypes.c_uint}[t](a)
             keep.append(c)
             values.append(ctypes.cast(ctypes.pointer(c), ctypes.c_void_p))
     argv = (ctypes.c_void_p * len(values))(*values)

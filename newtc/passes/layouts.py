@@ -162,13 +162,15 @@ class Plan:
         self.vec = memory_vec(k)
         self.defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
         self.keep: dict = {}  # block shape -> the axes blocks of that shape are reduced along (`blocked`'s keep)
+        reduced: dict = {}  # block shape -> the type of a block of it reduced
         for op in ir.walk(k.body):  # not a dot's results: those keep the dot's layout
             x = op.args[0] if op.kind == "reduce" else None
             if x is not None and x.type.shape and all(d.kind != "dot" for d in upstream(x, self.defs)):
                 self.keep[x.type.shape] = self.keep.get(x.type.shape, frozenset()) | {op.attrs["axis"]}
+                reduced[x.type.shape] = x.type
         # blocks reduced alike whose other dims agree (a row block and its tail) spread their lanes as the narrowest
         family = lambda s: (self.keep[s], tuple(n for d, n in enumerate(s) if d not in self.keep[s]))  # noqa: E731
-        room = {s: sum(log2(s[d]) for d in self.keep[s]) - log2(self.vec.get(s, 1)) for s in self.keep}
+        room = {s: sum(log2(s[d]) for d in self.keep[s]) - log2(self.vec_of(t)) for s, t in reduced.items()}
         self.spread = {s: min(room[t] for t in room if family(t) == family(s)) for s in room}
         self.want: dict[int, list] = {}  # id(op) -> the layout of each operand (None: scalar or absent)
         self.free_ids: dict[int, bool] = {}
@@ -181,9 +183,12 @@ class Plan:
         rows' statistics where they are); else `blocked`."""
         if t.shape in self.made:
             return self.made[t.shape]
-        vec = self.vec.get(t.shape) or 16 // max(1, t.dtype.itemsize)
-        return blocked(t.shape, self.k.spec.num_warps, vec, order, self.keep.get(t.shape, frozenset()),
+        return blocked(t.shape, self.k.spec.num_warps, self.vec_of(t), order, self.keep.get(t.shape, frozenset()),
                        self.spread.get(t.shape, 5))
+
+    def vec_of(self, t) -> int:
+        """Elements per thread group of a block: as it is loaded or stored, else 16 bytes of its own dtype."""
+        return self.vec.get(t.shape) or 16 // max(1, t.dtype.itemsize)
 
     def coalesced(self, ptr: ir.Value) -> Layout:
         """The default layout of a memory access, its threads running along the pointer's most contiguous dim."""
