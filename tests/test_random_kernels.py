@@ -355,8 +355,8 @@ def on_simt(kernel, grid, args, meta) -> None:
                                                                                        reason="needs g++")),
                                     pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_random_kernels(device, monkeypatch):
-    """simt: on the CPU, each program's generated CUDA run as the GPU would (the layouts, shuffles and shared memory
-    the passes chose), where it has no tensor cores, TMA or atomics."""
+    """simt: on the CPU, each program's generated CUDA run as the GPU would (the layouts, shuffles, shared memory and
+    tensor-core fragments the passes chose); a program whose code only a GPU runs goes to the interpreter."""
     monkeypatch.setenv("NEWT_VERIFY", "1")  # the IR verifier after every pass, the interpreter's types per op
     if device == "simt":
         monkeypatch.setattr(jit.Kernel, "interpret", on_simt)

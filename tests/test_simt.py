@@ -1,12 +1,16 @@
-"""The stdlib's row and elementwise ops as the GPU runs them, on the CPU: each launch runs its generated CUDA
-(tests/simt.py: a thread per CUDA thread, shuffles and barriers as on the GPU) instead of the interpreter, so that
-every layout the passes choose, every reduction across lanes and warps and every conversion through shared memory is
-checked against torch without a GPU. test_ops' own checks, on its CPU shapes and forced plans, plus several rows a
-program on several warps."""
+"""The stdlib's ops and kernels as the GPU runs them, on the CPU: each launch runs its generated CUDA (tests/simt.py:
+a thread per CUDA thread, shuffles and barriers as on the GPU) instead of the interpreter, so that every layout the
+passes choose, every reduction across lanes and warps and every conversion through shared memory is checked against
+torch without a GPU. test_ops' own checks, on its CPU shapes and forced plans, plus several rows a program on several
+warps; and the tensor-core kernels (matmul, attention, chained dots) as an A100 runs them (mma.sync, ldmatrix,
+cp.async), where an H200's wgmma and TMA are out of the CPU's reach."""
 import pytest
 import torch
 
 import simt
+import test_attention as A
+import test_chained_dots as C
+import test_matmul as M
 import test_ops as T
 from newtc import jit
 from newtc.ops import Plan
@@ -49,3 +53,31 @@ def test_several_rows_on_several_warps(dtype, n, p, monkeypatch):
     """Rows that share a program and its warps, with a tail narrower than a warp's lanes or none."""
     T.force_plan(monkeypatch, p)
     T.check_row_ops((torch.randn(19, n) * 3 + 2).to(dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_matmul_runs_its_generated_code(dtype):
+    M.test_matmul("cpu", dtype)
+    M.test_matmul_views("cpu", "both_t", "small")
+
+
+def test_matmul_epilogues_and_fp8_run_their_generated_code():
+    M.test_matmul_epilogue("cpu", "gelu", True)
+    M.test_fp8_matmul("cpu", M.FP8[0], "n")
+    M.test_fp8_matmul_scales("cpu", "rows")
+
+
+@pytest.mark.parametrize("dtype", C.DTYPES)
+@pytest.mark.parametrize("warps", C.WARPS)
+def test_chained_dots_run_their_generated_code(dtype, warps):
+    mod = C.newtc.compile(C.KERNELS, "chained.nk")
+    for bm, bn in C.TILES:
+        C.test_chained_dots(mod, "cpu", dtype, warps, bm, bn)
+    C.test_dot_of_elementwise_on_a_loaded_tile(mod, "cpu", dtype, warps)
+    C.test_dots_in_flight_land_before_a_branch(mod, "cpu", 1)
+
+
+def test_attention_runs_its_generated_code():
+    A.test_attention_forward("cpu", torch.float16)
+    A.test_attention_forward("cpu", torch.bfloat16)
+    A.test_attention_backward("cpu", torch.float16)
