@@ -1,14 +1,17 @@
 """The generated CUDA of a launch, run on the CPU: every CUDA thread an OS thread, a block's threads at once and the
-blocks one after another, so that a layout, a reduction's shuffles and a conversion through shared memory run as the
-GPU would run them, where CI has no GPU (the interpreter runs the IR before the passes, this runs their output).
+blocks one after another, so that a layout, a reduction's shuffles, a conversion through shared memory and a
+tensor-core pipeline run as the GPU would run them, where CI has no GPU (the interpreter runs the IR before the passes,
+this runs their output).
 
 The kernel's source is newt's own, with the prelude (PTX asm for conversions and fast math) swapped for C++ that
 rounds the same way (`CPU_PRELUDE`: f16 through _Float16, bf16 and f32 math as IEEE, exp2 and log2 exact where the
 GPU's approximate units are within 2 ulp), compiled by the host's g++. A shuffle is a write to the warp's slots
-between two barriers of its 32 threads; `__syncthreads` a barrier of the block. The code is an H200's (sm_90a) or,
-where that has wgmma or TMA, an A100's (sm_80), whose tensor-core PTX `ASM` turns into C++ by the PTX tables: mma.sync
-and ldmatrix exchange their fragments through the warp's slots, cp.async copies at once. Code with other PTX (wgmma,
-TMA, atomics, inline asm) is out of reach: `run` raises NeedsGpu.
+between two barriers of its 32 threads; `__syncthreads` a barrier of the block. The rest of the PTX, `ASM`, becomes
+C++ that follows the PTX tables: mma.sync and ldmatrix exchange their fragments through the warp's slots; wgmma reads
+its operands through their descriptors' canonical layouts and swizzles; cp.async and TMA copy at once (TMA through a
+tensor map of simt's own, `MAP`), completing the bytes an mbarrier expects; mbarrier waits block until their phase
+completes, and named barriers count their threads. What it does not know (clusters, atomics, inline asm) it leaves:
+`run` then takes the next arch, or raises NeedsGpu.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import ctypes
 import hashlib
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
 from pathlib import Path
@@ -32,10 +36,11 @@ def _section(start: str, end: str) -> str:
 
 
 # the prelude's plain C++, which the CPU build shares: fp8 conversions (torch's software path, as no __CUDA_ARCH__ is
-# defined), bit casts, zeros, shuffles of any type, vector words, packed tensor-core operands
+# defined), bit casts, zeros, shuffles of any type, vector words, packed tensor-core operands, wgmma descriptors
 SHARED = _section("// fp8 as torch converts it", "// Triton's choices for f32") + \
-    _section("template <class T, class U> __device__ __forceinline__ T nk_bitcast", "// cp.async of B bytes")
-GPU_ONLY = re.compile(r"\basm\b|nk_desc|\batomic|nk_map")  # PTX left untranslated, wgmma, TMA, atomics
+    _section("template <class T, class U> __device__ __forceinline__ T nk_bitcast", "// cp.async of B bytes") + \
+    _section("// A wgmma matrix descriptor", "// A store under a predicate")
+GPU_ONLY = re.compile(r"\basm\b|\batomic")  # PTX left untranslated, atomics
 
 
 class NeedsGpu(Exception):
@@ -49,6 +54,7 @@ CPU_PRELUDE = r"""
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -59,6 +65,8 @@ CPU_PRELUDE = r"""
 #define __maxnreg__(...)
 #define __align__(n) __attribute__((aligned(n)))
 #define __shared__
+#define __grid_constant__
+struct nk_tmap { unsigned long long v[16]; };
 struct nk_dim3 { unsigned x, y, z; };
 thread_local nk_dim3 threadIdx, blockIdx;
 nk_dim3 blockDim, gridDim;
@@ -82,6 +90,10 @@ static nk_barrier* nk_block;
 static nk_barrier* nk_warps[32];
 static unsigned nk_words[1024][8];
 inline void __syncthreads() { nk_block->arrive_and_wait(); }
+// a trap or a failed assertion stops the process, as it stops the GPU's context
+[[noreturn]] inline void nk_trap(const char* what) { std::fprintf(stderr, "simt: %s\n", what); std::abort(); }
+inline void __assertfail(const char* msg, const char*, unsigned, const char*, int) { nk_trap(msg); }
+inline void __syncwarp() { nk_warps[threadIdx.x >> 5]->arrive_and_wait(); }
 // A warp-wide exchange (shuffles, ldmatrix, mma.sync): each lane posts N words, a barrier of the warp, every lane
 // reads every lane's, a barrier again before the slots are reused.
 template <int N> inline void nk_gather(const unsigned (&mine)[N], unsigned (&all)[32][N]) {
@@ -126,6 +138,7 @@ inline float nk_log2(float x) { return std::log2(x); }
 inline float nk_log(float x) { return nk_log2(x) * 0.6931471805599453f; }
 inline float nk_div(float a, float b) { return a / b; }
 #define nk_opaque(x) (x)
+NK_SHARED
 // ldmatrix.x N: lanes 8j..8j+7 give the byte addresses of matrix j's 8 rows of 8 b16; lane l = 4g + t receives row g,
 // elements 2t and 2t + 1 (transposed: column g, rows 2t and 2t + 1)
 template <int N, bool TRANS> inline void nk_ldmatrix(unsigned addr, unsigned* d) {
@@ -142,7 +155,7 @@ template <int N, bool TRANS> inline void nk_ldmatrix(unsigned addr, unsigned* d)
 // mma.sync.m16n8kK, K / 8 = W elements a 32-bit register; lane l = 4g + t. A (16 x K) register i: row g + 8 (i % 2),
 // k t W + 4 W (i / 2) + e; B (K x 8) register i: k t W + 4 W i + e, column g; C and D register i: row g + 8 (i / 2),
 // column 2t + i % 2. Products and sums in double (f16, bf16 and tf32 products are exact), rounded once.
-enum { NK_F16, NK_BF16, NK_TF32, NK_S8, NK_U8 };
+enum { NK_F16, NK_BF16, NK_TF32, NK_S8, NK_U8, NK_E4M3, NK_E5M2 };
 template <int TYPE, int W> inline double nk_element(unsigned reg, unsigned e) {
   unsigned bits = reg >> (32 / W * e);
   switch (TYPE) {
@@ -150,6 +163,8 @@ template <int TYPE, int W> inline double nk_element(unsigned reg, unsigned e) {
     case NK_BF16: return nk_tof(nk_bf16{(unsigned short)bits});
     case NK_TF32: return __uint_as_float(bits & ~0x1fffu);  // the tensor cores read a tf32's top 19 bits
     case NK_S8: return (signed char)bits;
+    case NK_E4M3: return nk_tof(nk_f8e4m3{(unsigned char)bits});
+    case NK_E5M2: return nk_tof(nk_f8e5m2{(unsigned char)bits});
     default: return (unsigned char)bits;
   }
 }
@@ -172,10 +187,94 @@ template <int K, int TYPE, class Acc> inline void nk_mma(Acc& d0, Acc& d1, Acc& 
     *d[i] = TYPE >= NK_S8 ? (Acc)(int)(unsigned)((long long)c[i] + n) : (Acc)((double)c[i] + s);
   }
 }
+// wgmma.mma_async m64nNkK: warp w of the warpgroup holds rows 16w.. of D (64 x N, f32) as mma.sync's C fragments, one
+// per 8 columns (register i: row g + 8 ((i / 2) % 2), column 8 (i / 4) + 2t + i % 2), and with A in registers its 16
+// rows as mma.sync's A fragment (m16n8k16). Operands in shared memory are read through their descriptors in the
+// canonical forms: K-major, rows of the swizzle's width 8-row groups SBO apart; MN-major (transposed), columns of
+// the swizzle's width, 8 K rows to an atom, atoms SBO apart along K and LBO along M or N; the swizzle XORs address
+// bits 7.. into bits 4.. . The product lands at once: the fences and waits around it have nothing to wait for.
+inline unsigned nk_desc_at(unsigned long long d, unsigned mn, unsigned k, bool trans, unsigned item) {
+  unsigned start = (d & 0x3fff) << 4, lbo = ((d >> 16) & 0x3fff) << 4, sbo = ((d >> 32) & 0x3fff) << 4;
+  unsigned mode = 256 >> (d >> 62), width = mode / item;  // mode 1: 128 bytes, 2: 64, 3: 32
+  unsigned a = start + (trans ? (mn % width + k % 8 * width) * item + mn / width * lbo + k / 8 * sbo
+                              : (mn % 8 * width + k) * item + mn / 8 * sbo);
+  return a ^ ((a >> 7) & (mode / 16 - 1)) << 4;
+}
+template <int TYPE> inline double nk_shared_element(unsigned addr) {
+  unsigned bits = 0;
+  std::memcpy(&bits, nk_smem + addr, TYPE >= NK_E4M3 ? 1 : 2);
+  return nk_element<TYPE, 1>(bits, 0);
+}
+template <int N, int K, int TYPE, bool REG_A, int SCALE_D, int TA, int TB>
+inline void nk_wgmma(float* const* d, const unsigned* a, unsigned long long da, unsigned long long db) {
+  unsigned l = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = l / 4, t = l % 4, item = TYPE >= NK_E4M3 ? 1 : 2;
+  unsigned all[32][4];
+  if (REG_A) nk_gather<4>({a[0], a[1], a[2], a[3]}, all);
+  for (unsigned i = 0; i < N / 2; i++) {
+    unsigned row = 16 * w + g + 8 * (i / 2 % 2), col = 8 * (i / 4) + 2 * t + i % 2;
+    double s = 0;
+    for (unsigned k = 0; k < K; k++) {
+      double x = REG_A ? nk_element<TYPE, 2>(all[4 * g + k % 8 / 2][i / 2 % 2 + 2 * (k / 8)], k % 2)
+                       : nk_shared_element<TYPE>(nk_desc_at(da, row, k, TA, item));
+      s += x * nk_shared_element<TYPE>(nk_desc_at(db, col, k, TB, item));
+    }
+    *d[i] = (SCALE_D ? *d[i] : 0.0f) + (float)s;
+  }
+}
+// mbarriers: a phase completes when its arrivals are in and the bytes it expects have landed; a wait for parity p
+// returns once the phase of that parity has completed.
+struct nk_mbar { unsigned count, pending, phase; long long tx; };
+static std::mutex nk_mbar_lock;
+static std::condition_variable nk_mbar_done;
+static std::map<unsigned, nk_mbar> nk_mbars;
+inline void nk_mbar_init(unsigned a, unsigned n) { std::lock_guard<std::mutex> g(nk_mbar_lock); nk_mbars[a] = {n, n, 0, 0}; }
+inline void nk_mbar_inval(unsigned a) { std::lock_guard<std::mutex> g(nk_mbar_lock); nk_mbars.erase(a); }
+inline void nk_mbar_update(unsigned a, unsigned arrivals, long long tx) {
+  std::lock_guard<std::mutex> g(nk_mbar_lock);
+  nk_mbar& b = nk_mbars.at(a);
+  b.pending -= arrivals;
+  b.tx += tx;
+  if (!b.pending && !b.tx) { b.phase ^= 1; b.pending = b.count; nk_mbar_done.notify_all(); }
+}
+inline void nk_mbar_wait(unsigned a, unsigned parity) {
+  std::unique_lock<std::mutex> g(nk_mbar_lock);
+  if (!nk_mbar_done.wait_for(g, std::chrono::seconds(20), [&] { return nk_mbars.at(a).phase != (parity & 1); })) {
+    std::fprintf(stderr, "simt: an mbarrier wait of 20 s\n");
+    std::abort();
+  }
+}
+// bar.sync id, n: a barrier of n threads (the consumer warpgroups), made at its first use
+static nk_barrier* nk_named[16];
+inline void nk_bar_sync(unsigned id, unsigned n) {
+  { std::lock_guard<std::mutex> g(nk_mbar_lock); if (!nk_named[id]) nk_named[id] = new nk_barrier(n); }
+  nk_named[id]->arrive_and_wait();
+}
+// TMA: simt's tensor map (run() writes it where the driver's would be): the box at the coordinates, innermost first,
+// written row by row into shared memory under the swizzle (zeros out of bounds), or read back out of it
+struct nk_map { unsigned long long base; unsigned rank, item, swizzle, dims[5], box[5]; unsigned long long strides[5]; };
+template <int R, bool LOAD> inline void nk_tma(const void* m, unsigned smem, const int (&c)[R], unsigned mbar = 0) {
+  const nk_map& map = *(const nk_map*)m;
+  unsigned n = 1;
+  for (int r = 0; r < R; r++) n *= map.box[r];
+  for (unsigned e = 0; e < n; e++) {
+    unsigned long long at = map.base;
+    bool inside = true;
+    for (unsigned r = 0, rest = e; r < (unsigned)R; rest /= map.box[r], r++) {
+      long long x = c[r] + (long long)(rest % map.box[r]);
+      inside = inside && x >= 0 && x < map.dims[r];
+      at += x * (r ? map.strides[r - 1] : map.item);
+    }
+    unsigned s = smem + e * map.item;
+    s ^= map.swizzle ? ((s >> 7) & (map.swizzle / 16 - 1)) << 4 : 0;
+    if (LOAD && inside) std::memcpy(nk_smem + s, (const void*)at, map.item);
+    else if (LOAD) std::memset(nk_smem + s, 0, map.item);
+    else if (inside) std::memcpy((void*)at, nk_smem + s, map.item);
+  }
+  if (LOAD) nk_mbar_update(mbar, 0, -(long long)(n * map.item));
+}
 template <int B> inline void nk_cp_async(unsigned dst, const void* src, bool pred) {
   if (pred) std::memcpy(nk_smem + dst, src, B); else std::memset(nk_smem + dst, 0, B);
 }
-NK_SHARED
 template <class W> inline void nk_store_if(W* p, W v, bool m) { if (m) *p = v; }
 """
 
@@ -205,14 +304,53 @@ def _split(text: str, sep: str) -> list[str]:
     return [*parts, text[last:]]
 
 
-MMA_TYPES = {"f16": "NK_F16", "bf16": "NK_BF16", "tf32": "NK_TF32", "s8": "NK_S8", "u8": "NK_U8"}
+MMA_TYPES = {"f16": "NK_F16", "bf16": "NK_BF16", "tf32": "NK_TF32", "s8": "NK_S8", "u8": "NK_U8", "e4m3": "NK_E4M3",
+             "e5m2": "NK_E5M2"}
+
+
+def _wgmma(m, outs: list, ins: list) -> str:
+    """wgmma.mma_async: its accumulators by address, A's four registers or descriptor, B's descriptor."""
+    n, k, types, flags = m[1], m[2], MMA_TYPES[m[3]], [int(f) for f in m[4].split(",")[1:]]
+    scale_d, reg_a = flags[0], len(ins) == 5
+    ta, tb = (0, 0, *flags[3:])[-2:] if not reg_a else (0, (0, *flags[3:])[-1])
+    a = f"nk_a, 0ull, {ins[4]}" if reg_a else f"nullptr, {ins[0]}, {ins[1]}"
+    return (f"{{ float* const nk_d[] = {{{', '.join('&' + o for o in outs)}}}; " +
+            (f"unsigned nk_a[] = {{{', '.join(ins[:4])}}}; " if reg_a else "") +
+            f"nk_wgmma<{n}, {k}, {types}, {str(reg_a).lower()}, {scale_d}, {ta}, {tb}>(nk_d, {a}); }}")
+
+
+def _tma(load: bool):
+    """cp.async.bulk.tensor: the map, the box in shared memory, its coordinates (and a load's mbarrier)."""
+    def cpp(m, outs: list, ins: list) -> str:
+        coords = ins[2:-1] if load else ins[2:]
+        return f"nk_tma<{len(coords)}, {str(load).lower()}>((const void*)({ins[0]}), {ins[1]}, " \
+            f"{{{', '.join(coords)}}}" + (f", {ins[-1]})" if load else ")")
+    return cpp
+
+
+NOTHING = lambda m, outs, ins: "(void)0"  # noqa: E731 - ordering, register pins and waits a synchronous copy needs not
 # PTX the CPU runs, as C++: (pattern of the instruction, its statement from the match, outputs and inputs)
-ASM = [(re.compile(r"cp\.async\.(commit|wait)_group"), lambda m, outs, ins: "(void)0"),
+ASM = [(re.compile(r'cp\.async\.(bulk\.)?(commit|wait)_group|wgmma\.(fence|commit_group|wait_group)|fence\.|'
+                   r'setmaxnreg|"'), NOTHING),
        (re.compile(r"ldmatrix\.sync\.aligned\.m8n8\.x(\d)(\.trans)?\.shared\.b16 "),
-        lambda m, outs, ins: f"{{ unsigned nk_d[{m[1]}]; nk_ldmatrix<{m[1]}, {str(bool(m[2])).lower()}>({ins[0]}, nk_d); "
-                             + " ".join(f"{o} = nk_d[{j}];" for j, o in enumerate(outs)) + " }"),
+        lambda m, outs, ins: f"{{ unsigned nk_d[{m[1]}]; nk_ldmatrix<{m[1]}, {str(bool(m[2])).lower()}>({ins[0]}, "
+                             "nk_d); " + " ".join(f"{o} = nk_d[{j}];" for j, o in enumerate(outs)) + " }"),
        (re.compile(r"mma\.sync\.aligned\.m16n8k(\d+)\.row\.col\.\w+\.(\w+)\."),
-        lambda m, outs, ins: f"nk_mma<{m[1]}, {MMA_TYPES[m[2]]}>({', '.join(outs + ins)})")]
+        lambda m, outs, ins: f"nk_mma<{m[1]}, {MMA_TYPES[m[2]]}>({', '.join(outs + ins)})"),
+       (re.compile(r'wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k(\d+)\.f32\.(\w+)\.\w+ [^"]*?((?:, \d+)+);"'), _wgmma),
+       (re.compile(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\.mbarrier::complete_tx::bytes \["),
+        _tma(True)),
+       (re.compile(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta\.bulk_group \["), _tma(False)),
+       (re.compile(r"mbarrier\.init\.shared::cta\.b64 \[%0\], (\d+);"),
+        lambda m, outs, ins: f"nk_mbar_init({ins[0]}, {m[1]})"),
+       (re.compile(r"mbarrier\.inval\.shared::cta"), lambda m, outs, ins: f"nk_mbar_inval({ins[0]})"),
+       (re.compile(r"mbarrier\.arrive\.expect_tx\.shared::cta"),
+        lambda m, outs, ins: f"nk_mbar_update({ins[0]}, 1, {ins[1]})"),
+       (re.compile(r"mbarrier\.arrive\.shared::cta"), lambda m, outs, ins: f"nk_mbar_update({ins[0]}, 1, 0)"),
+       (re.compile(r"\{ \.reg \.pred p; W: mbarrier\.try_wait\.parity\.shared::cta"),
+        lambda m, outs, ins: f"nk_mbar_wait({ins[0]}, {ins[1]})"),
+       (re.compile(r"bar\.sync (\d+), (\d+);"), lambda m, outs, ins: f"nk_bar_sync({m[1]}, {m[2]})"),
+       (re.compile(r"trap;"), lambda m, outs, ins: 'nk_trap("trap")')]
 
 
 def _translate(body: str) -> str:
@@ -234,7 +372,7 @@ def _translate(body: str) -> str:
 def _params(source: str, name: str) -> list[str]:
     """The C types of the generated kernel's parameters (one per runtime parameter, in order)."""
     sig = re.search(rf"void\s+(?:__\w+__\([^)]*\)\s+)*{name}\(([^)]*)\)", source).group(1)
-    return [p.rsplit(None, 1)[0].replace("__restrict__", "").replace("const", "").strip() for p in sig.split(",")]
+    return [re.sub(r"__restrict__|const|__grid_constant__", "", p.rsplit(None, 1)[0]).strip() for p in sig.split(",")]
 
 
 def _library(source: str, name: str, params: list) -> ctypes.CDLL:
@@ -271,20 +409,39 @@ extern "C" void nk_run(void** args, unsigned gx, unsigned gy, unsigned gz, unsig
     return ctypes.CDLL(str(out))
 
 
-def run(kernel, grid: tuple, args: list, meta: dict) -> None:
-    """Launch `kernel[grid](*args, **meta)` on the CPU (torch CPU tensors), through its generated CUDA."""
-    for arch in ("sm_90a", "sm_80"):  # an H200's code, else an A100's (mma.sync, ldmatrix, cp.async where no wgmma)
-        out = kernel.output(list(args), dict(meta), "cuda", arch).cuda
+MAP = struct.Struct("<QIII5I5I4x5Q")  # the CPU prelude's nk_map: base, rank, itemsize, swizzle, dims, box, strides
+
+
+def _map(m: dict, args: list) -> tuple:
+    """The fields of simt's tensor map for TMA map `m` (ir.Kernel.tmaps) of a launch, as jit.Launcher.encode reads
+    them for the driver: dims and box innermost first, the outer dims' strides in bytes."""
+    def get(ref) -> int:
+        return args[ref[1]] if ref[0] == "arg" else ref[1]
+    rank, pad = len(m["dims"]), lambda xs: [*xs, *[0] * (5 - len(xs))]  # noqa: E731
+    return (args[m["base"]].data_ptr(), rank, m["itemsize"], m["swizzle"], *pad([max(1, get(d)) for d in m["dims"]]),
+            *pad(m["box"]), *pad([get(x) * m["itemsize"] for x in m["strides"]]))
+
+
+def run(kernel, grid: tuple, args: list, meta: dict, archs: tuple = ("sm_90a", "sm_80")) -> None:
+    """Launch `kernel[grid](*args, **meta)` on the CPU (torch CPU tensors), through its generated CUDA for the first
+    of `archs` whose code the CPU runs (an H200's, else an A100's: clusters are out of reach)."""
+    args = list(args)
+    for arch in archs:
+        compiled = kernel.output(list(args), dict(meta), "cuda", arch)
+        out = compiled.cuda
         body = _translate(out.source.replace(PRELUDE.strip(), ""))
         if not GPU_ONLY.search(body):
             break
     else:
         raise NeedsGpu(out.name)
-    params = _params(body, out.name)  # the kernel's runtime parameters, in order
+    params = _params(body, out.name)  # the kernel's runtime parameters, in order, then its tensor maps
     keep, values = [], []
-    for t, a in zip(params, args, strict=True):
+    for t, a in zip(params, args + [MAP.pack(*_map(m, args)) for m in compiled.kernel.tmaps], strict=True):
         if isinstance(a, torch.Tensor):
             values.append(ctypes.c_void_p(a.data_ptr()))
+        elif isinstance(a, bytes):
+            keep.append(ctypes.create_string_buffer(a, 128))
+            values.append(ctypes.cast(keep[-1], ctypes.c_void_p))
         else:
             c = {"int": ctypes.c_int, "long long": ctypes.c_longlong, "float": ctypes.c_float,
                  "double": ctypes.c_double, "unsigned": ctypes.c_uint}[t](a)

@@ -2,8 +2,8 @@
 a thread per CUDA thread, shuffles and barriers as on the GPU) instead of the interpreter, so that every layout the
 passes choose, every reduction across lanes and warps and every conversion through shared memory is checked against
 torch without a GPU. test_ops' own checks, on its CPU shapes and forced plans, plus several rows a program on several
-warps; and the tensor-core kernels (matmul, attention, chained dots) as an A100 runs them (mma.sync, ldmatrix,
-cp.async), where an H200's wgmma and TMA are out of the CPU's reach."""
+warps; and the tensor-core kernels (matmul, attention, chained dots) as an H200 runs them (wgmma, TMA, mbarriers, a
+producer warpgroup) and as an A100 does (mma.sync, ldmatrix, cp.async)."""
 import pytest
 import torch
 
@@ -12,7 +12,8 @@ import test_attention as A
 import test_chained_dots as C
 import test_matmul as M
 import test_ops as T
-from newtc import jit
+from newtc import jit, ops
+from newtc.gpu import Gpu
 from newtc.ops import Plan
 
 pytestmark = [pytest.mark.skipif(simt.GXX is None, reason="needs g++ (C++20) to build the kernels for the CPU"),
@@ -55,21 +56,44 @@ def test_several_rows_on_several_warps(dtype, n, p, monkeypatch):
     T.check_row_ops((torch.randn(19, n) * 3 + 2).to(dtype), dtype)
 
 
+
+@pytest.fixture(params=["sm_90a", "sm_80"])
+def arch(request, monkeypatch):
+    """The tensor-core kernels as an H200 runs them (wgmma, TMA, mbarriers) and as an A100 does (mma.sync, ldmatrix,
+    cp.async)."""
+    monkeypatch.setattr(jit.Kernel, "interpret",
+                        lambda kernel, grid, args, meta: simt.run(kernel, grid, args, meta, (request.param,)))
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_matmul_runs_its_generated_code(dtype):
+def test_matmul_runs_its_generated_code(dtype, arch):
     M.test_matmul("cpu", dtype)
     M.test_matmul_views("cpu", "both_t", "small")
 
 
-def test_matmul_epilogues_and_fp8_run_their_generated_code():
+def test_matmul_epilogues_and_fp8_run_their_generated_code(arch):
     M.test_matmul_epilogue("cpu", "gelu", True)
     M.test_fp8_matmul("cpu", M.FP8[0], "n")
+    M.test_fp8_matmul("cpu", M.FP8[1], "k")
     M.test_fp8_matmul_scales("cpu", "rows")
+
+
+@pytest.mark.parametrize("sms,m,n,k", [(1, 300, 520, 200), (4, 65, 384, 64)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_matmul_with_a_producer_warpgroup_runs_its_generated_code(sms, m, n, k, dtype, monkeypatch):
+    """On a GPU of few SMs, small products take the plans of large ones on an H200: a program per SM walking the
+    tiles (sms=1), or a wave of tiles, each with a producer warpgroup that feeds the consumers through mbarriers and
+    a TMA store of the output."""
+    monkeypatch.setattr(ops, "gpu", lambda device: Gpu(sms=sms))
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    assert ops._matmul_plan(a, b, sms, "sm_90a", 2)[0].get("WS")
+    M.check(ops.matmul(a, b), M.reference(a, b), dtype)
 
 
 @pytest.mark.parametrize("dtype", C.DTYPES)
 @pytest.mark.parametrize("warps", C.WARPS)
-def test_chained_dots_run_their_generated_code(dtype, warps):
+def test_chained_dots_run_their_generated_code(dtype, warps, arch):
     mod = C.newtc.compile(C.KERNELS, "chained.nk")
     for bm, bn in C.TILES:
         C.test_chained_dots(mod, "cpu", dtype, warps, bm, bn)
@@ -77,7 +101,7 @@ def test_chained_dots_run_their_generated_code(dtype, warps):
     C.test_dots_in_flight_land_before_a_branch(mod, "cpu", 1)
 
 
-def test_attention_runs_its_generated_code():
+def test_attention_runs_its_generated_code(arch):
     A.test_attention_forward("cpu", torch.float16)
     A.test_attention_forward("cpu", torch.bfloat16)
     A.test_attention_backward("cpu", torch.float16)
