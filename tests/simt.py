@@ -137,6 +137,11 @@ inline float nk_exp(float x) { return nk_exp2(x * 1.4426950408889634f); }
 inline float nk_log2(float x) { return std::log2(x); }
 inline float nk_log(float x) { return nk_log2(x) * 0.6931471805599453f; }
 inline float nk_div(float a, float b) { return a / b; }
+// the GPU's integer division, where x86 traps: x // 0 = x, x % 0 = 0, the most negative value // -1 wraps to itself
+template <class T> inline T nk_idiv(T a, T b) {
+  return b == 0 ? a : (T)-1 < (T)0 && b == (T)-1 ? (T)(0ull - (unsigned long long)a) : a / b;
+}
+template <class T> inline T nk_imod(T a, T b) { return b == 0 || ((T)-1 < (T)0 && b == (T)-1) ? (T)0 : a % b; }
 #define nk_opaque(x) (x)
 NK_SHARED
 // ldmatrix.x N: lanes 8j..8j+7 give the byte addresses of matrix j's 8 rows of 8 b16; lane l = 4g + t receives row g,

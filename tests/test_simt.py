@@ -16,6 +16,7 @@ from newtc import jit, ops
 from newtc.gpu import Gpu
 from newtc.ops import Plan
 
+INTERPRET = jit.Kernel.interpret  # the interpreter's, before the fixture below swaps it
 pytestmark = [pytest.mark.skipif(simt.GXX is None, reason="needs g++ (C++20) to build the kernels for the CPU"),
               pytest.mark.usefixtures("poisoned_outputs", "generated_code")]
 
@@ -105,3 +106,34 @@ def test_attention_runs_its_generated_code(arch):
     A.test_attention_forward("cpu", torch.float16)
     A.test_attention_forward("cpu", torch.bfloat16)
     A.test_attention_backward("cpu", torch.float16)
+
+
+DIVISION = """
+kernel divide(x, y, q, r, BLOCK: constexpr):
+    i = arange(0, BLOCK)
+    a = load(x + i)
+    b = load(y + i)
+    store(q + i, a // b)
+    store(r + i, a % b)
+"""
+
+
+@pytest.mark.parametrize("device", ["simt", "interpreter", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.int64])
+def test_integer_division_by_zero_and_minus_one(dtype, device):
+    """x // 0 = x, x % 0 = 0, the most negative value // -1 itself (wrapping), % -1 = 0, else C's truncation, in the
+    generated code (run by simt, or by the GPU) as in the interpreter: C leaves the first four undefined (a host
+    traps on them)."""
+    kernel = jit.compile(DIVISION, "divide.nk").divide
+    low = torch.iinfo(dtype).min
+    x = torch.tensor([7, -7, low, low, 5, 0, -9, 100, low, 3, 8, -8, 1, 2, 3, 4], dtype=dtype)
+    y = torch.tensor([0, 0, -1, 0, -1, 0, 2, -7, 1, 0, 3, -3, -1, 1, 7, -1], dtype=dtype)
+    q = torch.tensor([7, -7, low, low, -5, 0, -4, -14, low, 3, 2, 2, -1, 2, 0, -4], dtype=dtype)
+    r = torch.tensor([0, 0, 0, 0, 0, 0, -1, 2, 0, 0, 2, -2, 0, 0, 3, 0], dtype=dtype)
+    x, y = (t.to("cuda" if device == "cuda" else "cpu") for t in (x, y))
+    got = [torch.full_like(x, 99) for _ in range(2)]
+    if device == "cuda":
+        kernel[(1,)](x, y, *got, BLOCK=16)
+    else:
+        (simt.run if device == "simt" else INTERPRET)(kernel, (1,), [x, y, *got], {"BLOCK": 16})
+    assert torch.equal(got[0].cpu(), q) and torch.equal(got[1].cpu(), r), got

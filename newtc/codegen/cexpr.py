@@ -124,9 +124,9 @@ def elementwise(kind: str, dts: list, out, xs: list[str], fn: str | None = None)
         op = {"and": "&", "or": "|", "xor": "^"}[kind] if dt.kind != "b" else {"and": "&&", "or": "||", "xor": "!="}[kind]
         e = f"({ws[0]} {op} {ws[1]})"
     elif kind == "floordiv":
-        e = f"{math_fn('floor', dt)}({ws[0]} / {ws[1]})" if flt else f"({ws[0]} / {ws[1]})"
+        e = f"{math_fn('floor', dt)}({ws[0]} / {ws[1]})" if flt else f"nk_idiv<{ctype(dt)}>({ws[0]}, {ws[1]})"
     elif kind == "mod":
-        e = f"{'fmod' if dt == f64 else 'fmodf'}({ws[0]}, {ws[1]})" if flt else f"({ws[0]} % {ws[1]})"
+        e = f"{'fmod' if dt == f64 else 'fmodf'}({ws[0]}, {ws[1]})" if flt else f"nk_imod<{ctype(dt)}>({ws[0]}, {ws[1]})"
     elif kind in ("minimum", "maximum"):
         if flt:
             e = f"{'f' + kind[:3] + ('' if dt == f64 else 'f')}({ws[0]}, {ws[1]})"

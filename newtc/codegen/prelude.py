@@ -70,6 +70,10 @@ __device__ __forceinline__ float nk_exp(float x) { return nk_exp2(x * 1.44269504
 __device__ __forceinline__ float nk_log2(float x) { float y; asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 __device__ __forceinline__ float nk_log(float x) { return nk_log2(x) * 0.6931471805599453f; }
 __device__ __forceinline__ float nk_div(float a, float b) { float y; asm("div.full.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b)); return y; }
+// Integer // and % as C's, but x // 0 = x and x % 0 = 0, as in the interpreter: C leaves them undefined, and a
+// pipeline's arithmetic for a next tile that does not exist may meet them
+template <class T> __device__ __forceinline__ T nk_idiv(T a, T b) { return a / (b == 0 ? (T)1 : b); }
+template <class T> __device__ __forceinline__ T nk_imod(T a, T b) { return a % (b == 0 ? (T)1 : b); }
 // The values integer min, max and where choose from: through an asm ptxas cannot see a negation in (an identity prmt)
 // where compiler.compile_cuda defines NK_OPAQUE (ptxas 12.6-13.3 drop a negation folded into sm_90's VIMNMX3).
 #ifdef NK_OPAQUE
