@@ -26,9 +26,12 @@ from pathlib import Path
 
 import torch
 
+from newtc import jit
+from newtc.errors import NkError
 from newtc.codegen.prelude import PRELUDE
 
 GXX = shutil.which("g++")
+INTERPRET = jit.Kernel.interpret  # the interpreter, whatever a test puts in its place
 
 
 def _section(start: str, end: str) -> str:
@@ -117,6 +120,14 @@ inline float __uint_as_float(unsigned u) { return nk_cast<float>(u); }
 inline float __int_as_float(int u) { return nk_cast<float>(u); }
 inline unsigned __float_as_uint(float f) { return nk_cast<unsigned>(f); }
 inline int __float_as_int(float f) { return nk_cast<int>(f); }
+inline double __longlong_as_double(long long u) { return nk_cast<double>(u); }
+inline long long __double_as_longlong(double d) { return nk_cast<long long>(d); }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
+inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
+  return (unsigned long long)(((unsigned __int128)a * b) >> 64);
+}
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
@@ -408,12 +419,18 @@ extern "C" void nk_run(void** args, unsigned gx, unsigned gy, unsigned gz, unsig
         tmp = out.with_suffix(f".{id(text)}.so")
         r = subprocess.run([GXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", "-o", tmp, src],
                            capture_output=True, text=True)
+        if missing := re.search(r"error: .(\w+). was not declared in this scope", r.stderr):
+            raise NeedsGpu(f"{name} calls {missing[1]}, which only the GPU's math library has")
         if r.returncode:
             raise RuntimeError(f"g++ failed on {src}:\n{r.stderr[-3000:]}")
         tmp.replace(out)
     return ctypes.CDLL(str(out))
 
 
+SCALARS = {"bool": ctypes.c_bool, "signed char": ctypes.c_byte, "short": ctypes.c_short, "int": ctypes.c_int,
+           "long long": ctypes.c_longlong, "unsigned char": ctypes.c_ubyte, "unsigned short": ctypes.c_ushort,
+           "unsigned": ctypes.c_uint, "unsigned long long": ctypes.c_ulonglong, "float": ctypes.c_float,
+           "double": ctypes.c_double}  # a scalar parameter's C type (codegen.cexpr.CTYPES) -> its ctypes
 MAP = struct.Struct("<QIII5I5I4x5Q")  # the CPU prelude's nk_map: base, rank, itemsize, swizzle, dims, box, strides
 
 
@@ -431,14 +448,19 @@ def run(kernel, grid: tuple, args: list, meta: dict, archs: tuple = ("sm_90a", "
     """Launch `kernel[grid](*args, **meta)` on the CPU (torch CPU tensors), through its generated CUDA for the first
     of `archs` whose code the CPU runs (an H200's, else an A100's: clusters are out of reach)."""
     args = list(args)
-    for arch in archs:
-        compiled = kernel.output(list(args), dict(meta), "cuda", arch)
+    for i, arch in enumerate(archs):
+        try:
+            compiled = kernel.output(list(args), dict(meta), "cuda", arch)
+        except NkError:
+            if i == 0:
+                raise
+            continue  # a later arch that cannot take the launch (clusters on sm_80)
         out = compiled.cuda
         body = _translate(out.source.replace(PRELUDE.strip(), ""))
         if not GPU_ONLY.search(body):
             break
     else:
-        raise NeedsGpu(out.name)
+        raise NeedsGpu(kernel.name)
     params = _params(body, out.name)  # the kernel's runtime parameters, in order, then its tensor maps
     keep, values = [], []
     for t, a in zip(params, args + [MAP.pack(*_map(m, args)) for m in compiled.kernel.tmaps], strict=True):
@@ -448,10 +470,17 @@ def run(kernel, grid: tuple, args: list, meta: dict, archs: tuple = ("sm_90a", "
             keep.append(ctypes.create_string_buffer(a, 128))
             values.append(ctypes.cast(keep[-1], ctypes.c_void_p))
         else:
-            c = {"int": ctypes.c_int, "long long": ctypes.c_longlong, "float": ctypes.c_float,
-                 "double": ctypes.c_double, "unsigned": ctypes.c_uint}[t](a)
+            c = SCALARS[t](a)
             keep.append(c)
             values.append(ctypes.cast(ctypes.pointer(c), ctypes.c_void_p))
     argv = (ctypes.c_void_p * len(values))(*values)
     gx, gy, gz = (*grid, 1, 1)[:3]
     _library(body, out.name, params).nk_run(argv, gx, gy, gz, out.threads)
+
+
+def run_or_interpret(kernel, grid: tuple, args: list, meta: dict) -> None:
+    """`run`, or the interpreter where the kernel's code needs a GPU."""
+    try:
+        run(kernel, grid, args, meta)
+    except NeedsGpu:
+        INTERPRET(kernel, grid, args, meta)

@@ -32,7 +32,6 @@ import newtc
 import simt
 from newtc import jit
 
-interpret = jit.Kernel.interpret
 SEED = int(os.environ.get("NEWT_RANDOM_SEED", random.SystemRandom().randrange(2**32)))
 COUNT = os.environ.get("NEWT_RANDOM_KERNELS")
 # unit roundoffs (f64's twice: the model's own rounding is as large); integers are exact
@@ -343,14 +342,6 @@ def run_one(r: random.Random, device: str) -> str:
     return what
 
 
-def on_simt(kernel, grid, args, meta) -> None:
-    """A CPU launch through the kernel's generated CUDA (tests/simt.py), or the interpreter where it needs a GPU."""
-    try:
-        simt.run(kernel, grid, args, meta)
-    except simt.NeedsGpu:
-        interpret(kernel, grid, args, meta)
-
-
 @pytest.mark.parametrize("device", ["cpu", pytest.param("simt", marks=pytest.mark.skipif(simt.GXX is None,
                                                                                        reason="needs g++")),
                                     pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -359,7 +350,7 @@ def test_random_kernels(device, monkeypatch):
     tensor-core fragments the passes chose); a program whose code only a GPU runs goes to the interpreter."""
     monkeypatch.setenv("NEWT_VERIFY", "1")  # the IR verifier after every pass, the interpreter's types per op
     if device == "simt":
-        monkeypatch.setattr(jit.Kernel, "interpret", on_simt)
+        monkeypatch.setattr(jit.Kernel, "interpret", simt.run_or_interpret)
     r = random.Random(f"{SEED}-{device}")
     torch.manual_seed(SEED)  # the inputs too: NEWT_RANDOM_SEED repeats a failing program exactly
     for i in range(int(COUNT or (30 if device != "cuda" else 120))):

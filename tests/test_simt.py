@@ -16,7 +16,6 @@ from newtc import jit, ops
 from newtc.gpu import Gpu
 from newtc.ops import Plan
 
-INTERPRET = jit.Kernel.interpret  # the interpreter's, before the fixture below swaps it
 pytestmark = [pytest.mark.skipif(simt.GXX is None, reason="needs g++ (C++20) to build the kernels for the CPU"),
               pytest.mark.usefixtures("poisoned_outputs", "generated_code")]
 
@@ -135,5 +134,5 @@ def test_integer_division_by_zero_and_minus_one(dtype, device):
     if device == "cuda":
         kernel[(1,)](x, y, *got, BLOCK=16)
     else:
-        (simt.run if device == "simt" else INTERPRET)(kernel, (1,), [x, y, *got], {"BLOCK": 16})
+        (simt.run if device == "simt" else simt.INTERPRET)(kernel, (1,), [x, y, *got], {"BLOCK": 16})
     assert torch.equal(got[0].cpu(), q) and torch.equal(got[1].cpu(), r), got
