@@ -523,6 +523,9 @@ class Pipeliner:
         for s in range(ahead_by):
             it = self.advance(before, lo, s, step, iv, span)
             copies(before, it, [start for _, start, *_ in inductions], s, self.const(before, s, i32, span), rings)
+        for op in before:  # ordered against the loop's reads by its head barrier, but not against an earlier run's
+            if op.kind in ("async_copy", "tma_load"):  # (a loop over tiles around this one): passes.smem decides
+                op.attrs["prologue"] = True
 
         # the loop: read slot r, write slot w, both carried, and with TMA the phase of slot r's barrier
         r_slot, w_slot = ir.Value(Type((), i32), "slot_r"), ir.Value(Type((), i32), "slot_w")

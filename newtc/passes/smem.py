@@ -7,7 +7,8 @@ no barrier against this one's last readers (two scratch uses in a row alternate,
 A barrier goes before any shared-memory access that conflicts (a write against a read or write of
 overlapping bytes) with an access made since the last barrier; loops are followed around their back
 edge until the set of pending accesses settles. Accesses of one ring buffer by a software-pipelined
-loop are ordered by the pipeline's own wait-and-barrier, so they do not conflict with each other.
+loop are ordered by the pipeline's own wait-and-barrier, so they do not conflict with each other; its prologue's
+copies are not ordered against the reads of an earlier run of the loop (inside a loop over tiles), so they do.
 The tensor cores (wgmma) and TMA access shared memory through the async proxy: generic accesses of bytes
 they also use get a `fence.proxy.async` before the barrier that orders them (the PTX memory model's rule).
 A TMA store goes on reading its buffer after the issuing thread has passed it: a write of those bytes waits for
@@ -102,12 +103,14 @@ def effects(op: ir.Op) -> list:
     barriers like any access, but by the mbarrier's own semantics across proxies: never fenced), ('sync',) for a
     barrier, ('fence',) for a proxy fence."""
     kind = op.kind
-    if kind in ("local_store", "async_copy"):
+    if kind == "local_store":
         return [("w", op.args[0])]
+    if kind == "async_copy":  # a pipeline's prologue copy is not ordered by its loop against an earlier run's reads
+        return [("w", op.args[0], not op.attrs.get("prologue"))]
     if kind == "local_load":
         return [("r", op.args[0])]
     if kind == "tma_load":  # the copy writes its slot through the async proxy
-        return [("wa", op.args[0])]
+        return [("wa", op.args[0], not op.attrs.get("prologue"))]
     if kind == "tma_store":  # and this one reads its buffer until a bulk_wait
         return [("rt", op.args[0])]
     if kind == "mbar_expect":  # the arrival writes the slot's barrier
@@ -134,22 +137,23 @@ def effects(op: ir.Op) -> list:
     return []
 
 
-def _access(kind: str, buf: ir.Value, defs: dict) -> tuple:
+def _access(defs: dict, kind: str, buf: ir.Value, piped: bool = True) -> tuple:
+    """(first byte, end, a write, (its ring, whether in the pipelined loop rather than its prologue) or None)."""
     op = ir.root_buffer(buf, defs)  # a slot counts as its whole ring
     lo = op.attrs["offset"]
-    return lo, lo + ir.buffer_bytes(op.result), kind[0] == "w", id(op) if op.attrs.get("ring") else None
+    return lo, lo + ir.buffer_bytes(op.result), kind[0] == "w", (id(op), piped) if op.attrs.get("ring") else None
 
 
 def _conflict(a: tuple, b: tuple) -> bool:
     if a[3] is not None and a[3] == b[3]:
-        return False  # one ring's accesses are ordered by the pipeline
+        return False  # one ring's accesses are ordered by the pipeline, and its prologue's copies fill other slots
     return a[0] < b[1] and b[0] < a[1] and (a[2] or b[2])
 
 
 def insert_barriers(k: ir.Kernel) -> ir.Kernel:
     defs = {id(r): op for op in ir.walk(k.body) for r in op.results}
     # every access through the async proxy: generic accesses of the same bytes are fenced at the next barrier
-    asynchronous = {_access(e[0], e[1], defs) for op in ir.walk(k.body) for e in effects(op) if e[0] in ASYNC}
+    asynchronous = {_access(defs, *e) for op in ir.walk(k.body) for e in effects(op) if e[0] in ASYNC}
 
     def fenced(pending: frozenset, before: frozenset, out: list, span) -> frozenset:
         """At a barrier: a proxy fence first, by every thread, where generic accesses pending since `before` meet
@@ -186,7 +190,7 @@ def insert_barriers(k: ir.Kernel) -> ir.Kernel:
                     if eff[0] == "fence":
                         pending = frozenset(p for p in pending if p[0] != "fence")
                         continue
-                    acc, proxy = _access(eff[0], eff[1], defs), eff[0] in ASYNC
+                    acc, proxy = _access(defs, *eff), eff[0] in ASYNC
                     reading = [p[2] for p in pending if p[0] == "bulk" and _conflict(acc, p[1])]
                     if reading:  # TMA stores still read these bytes: wait for them, not for the newer ones
                         allow = min(reading)
