@@ -461,6 +461,7 @@ def run(kernel, grid: tuple, args: list, meta: dict, archs: tuple = ("sm_90a", "
             break
     else:
         raise NeedsGpu(kernel.name)
+    kernel.check_scalars([p.type.dtype for p in compiled.kernel.params], args)  # as the interpreter and launcher do
     params = _params(body, out.name)  # the kernel's runtime parameters, in order, then its tensor maps
     keep, values = [], []
     for t, a in zip(params, args + [MAP.pack(*_map(m, args)) for m in compiled.kernel.tmaps], strict=True):
