@@ -169,13 +169,8 @@ class Launcher:
         return self.local.buffers
 
     def encode(self, values: tuple) -> tuple:
-        """The tensor maps of a launch, from its argument values (pointers as ints): each map's parameters or
-        constants, dims innermost first and strides in bytes (a zero dim as 1: a map must cover something)."""
-        def get(ref) -> int:
-            return values[ref[1]] if ref[0] == "arg" else ref[1]
-        return tuple(driver.encode_tiled(m["itemsize"], values[m["base"]], [max(1, get(d)) for d in m["dims"]],
-                                         [get(s) * m["itemsize"] for s in m["strides"]], m["box"], m["swizzle"])
-                     for m in self.tmaps)
+        """The tensor maps of a launch, from its argument values (pointers as ints)."""
+        return tuple(driver.encode_tiled(*tmap_fields(m, values)) for m in self.tmaps)
 
     def function(self):
         """The launch as a closure over everything constant (no attribute lookups): launch(stream, values,
@@ -249,6 +244,16 @@ class Launcher:
 
 
 # ---- the launch path, generated per argument kinds ---------------------------------------------
+def tmap_fields(m: dict, values) -> tuple:
+    """driver.encode_tiled's arguments for tensor map `m` (ir.Kernel.tmaps) of a launch with these argument values
+    (pointers as ints): each map's parameters or constants, dims innermost first and strides in bytes (a zero dim as
+    1: a map must cover something)."""
+    def get(ref) -> int:
+        return values[ref[1]] if ref[0] == "arg" else ref[1]
+    return (m["itemsize"], values[m["base"]], [max(1, get(d)) for d in m["dims"]],
+            [get(s) * m["itemsize"] for s in m["strides"]], m["box"], m["swizzle"])
+
+
 def arg_kind(a) -> str:
     """What the launch path branches on per argument (after `plain`): tensor, int, float or bool."""
     return "tensor" if isinstance(a, Tensor) else type(a).__name__

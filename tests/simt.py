@@ -209,12 +209,12 @@ template <int K, int TYPE, class Acc> inline void nk_mma(Acc& d0, Acc& d1, Acc& 
 // canonical forms: K-major, rows of the swizzle's width 8-row groups SBO apart; MN-major (transposed), columns of
 // the swizzle's width, 8 K rows to an atom, atoms SBO apart along K and LBO along M or N; the swizzle XORs address
 // bits 7.. into bits 4.. . The product lands at once: the fences and waits around it have nothing to wait for.
+inline unsigned nk_swizzle(unsigned a, unsigned bytes) { return bytes ? a ^ ((a >> 7) & (bytes / 16 - 1)) << 4 : a; }
 inline unsigned nk_desc_at(unsigned long long d, unsigned mn, unsigned k, bool trans, unsigned item) {
   unsigned start = (d & 0x3fff) << 4, lbo = ((d >> 16) & 0x3fff) << 4, sbo = ((d >> 32) & 0x3fff) << 4;
   unsigned mode = 256 >> (d >> 62), width = mode / item;  // mode 1: 128 bytes, 2: 64, 3: 32
-  unsigned a = start + (trans ? (mn % width + k % 8 * width) * item + mn / width * lbo + k / 8 * sbo
-                              : (mn % 8 * width + k) * item + mn / 8 * sbo);
-  return a ^ ((a >> 7) & (mode / 16 - 1)) << 4;
+  return nk_swizzle(start + (trans ? (mn % width + k % 8 * width) * item + mn / width * lbo + k / 8 * sbo
+                                   : (mn % 8 * width + k) * item + mn / 8 * sbo), mode);
 }
 template <int TYPE> inline double nk_shared_element(unsigned addr) {
   unsigned bits = 0;
@@ -280,8 +280,7 @@ template <int R, bool LOAD> inline void nk_tma(const void* m, unsigned smem, con
       inside = inside && x >= 0 && x < map.dims[r];
       at += x * (r ? map.strides[r - 1] : map.item);
     }
-    unsigned s = smem + e * map.item;
-    s ^= map.swizzle ? ((s >> 7) & (map.swizzle / 16 - 1)) << 4 : 0;
+    unsigned s = nk_swizzle(smem + e * map.item, map.swizzle);
     if (LOAD && inside) std::memcpy(nk_smem + s, (const void*)at, map.item);
     else if (LOAD) std::memset(nk_smem + s, 0, map.item);
     else if (inside) std::memcpy((void*)at, nk_smem + s, map.item);
@@ -434,14 +433,12 @@ SCALARS = {"bool": ctypes.c_bool, "signed char": ctypes.c_byte, "short": ctypes.
 MAP = struct.Struct("<QIII5I5I4x5Q")  # the CPU prelude's nk_map: base, rank, itemsize, swizzle, dims, box, strides
 
 
-def _map(m: dict, args: list) -> tuple:
-    """The fields of simt's tensor map for TMA map `m` (ir.Kernel.tmaps) of a launch, as jit.Launcher.encode reads
-    them for the driver: dims and box innermost first, the outer dims' strides in bytes."""
-    def get(ref) -> int:
-        return args[ref[1]] if ref[0] == "arg" else ref[1]
-    rank, pad = len(m["dims"]), lambda xs: [*xs, *[0] * (5 - len(xs))]  # noqa: E731
-    return (args[m["base"]].data_ptr(), rank, m["itemsize"], m["swizzle"], *pad([max(1, get(d)) for d in m["dims"]]),
-            *pad(m["box"]), *pad([get(x) * m["itemsize"] for x in m["strides"]]))
+def _map(m: dict, args: list) -> bytes:
+    """simt's tensor map for TMA map `m` of a launch: the fields the launcher gives the driver (jit.tmap_fields)."""
+    item, base, dims, strides, box, swizzle = jit.tmap_fields(
+        m, [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args])
+    pad = lambda xs: [*xs, *[0] * (5 - len(xs))]  # noqa: E731
+    return MAP.pack(base, len(dims), item, swizzle, *pad(dims), *pad(box), *pad(strides))
 
 
 def run(kernel, grid: tuple, args: list, meta: dict, archs: tuple = ("sm_90a", "sm_80")) -> None:
@@ -464,7 +461,7 @@ def run(kernel, grid: tuple, args: list, meta: dict, archs: tuple = ("sm_90a", "
     kernel.check_scalars([p.type.dtype for p in compiled.kernel.params], args)  # as the interpreter and launcher do
     params = _params(body, out.name)  # the kernel's runtime parameters, in order, then its tensor maps
     keep, values = [], []
-    for t, a in zip(params, args + [MAP.pack(*_map(m, args)) for m in compiled.kernel.tmaps], strict=True):
+    for t, a in zip(params, args + [_map(m, args) for m in compiled.kernel.tmaps], strict=True):
         if isinstance(a, torch.Tensor):
             values.append(ctypes.c_void_p(a.data_ptr()))
         elif isinstance(a, bytes):

@@ -101,7 +101,8 @@ def effects(op: ir.Op) -> list:
     """The shared-memory accesses of an op, in order: ('r' | 'w', buffer), 'ra' | 'wa' through the async proxy (the
     tensor cores, TMA; 'rt' a TMA store's read, pending until a bulk_wait), 'rb' | 'wb' of mbarriers (ordered by CTA
     barriers like any access, but by the mbarrier's own semantics across proxies: never fenced), ('sync',) for a
-    barrier, ('fence',) for a proxy fence."""
+    barrier, ('fence',) for a proxy fence. A copy into a ring also says whether its pipelined loop orders it (False for
+    the prologue's copies)."""
     kind = op.kind
     if kind == "local_store":
         return [("w", op.args[0])]
