@@ -10,8 +10,9 @@ between two barriers of its 32 threads; `__syncthreads` a barrier of the block. 
 C++ that follows the PTX tables: mma.sync and ldmatrix exchange their fragments through the warp's slots; wgmma reads
 its operands through their descriptors' canonical layouts and swizzles; cp.async and TMA copy at once (TMA through a
 tensor map of simt's own, `MAP`), completing the bytes an mbarrier expects; mbarrier waits block until their phase
-completes, and named barriers count their threads. What it does not know (clusters, atomics, inline asm) it leaves:
-`run` then takes the next arch, or raises NeedsGpu.
+completes, and named barriers count their threads. Atomics (and red) read, modify and write under one lock: a block
+runs after every lower one, so a program that waits only for lower ones (stream-K's parts) finds them done. What it
+does not know (clusters, inline asm of a user's) it leaves: `run` then takes the next arch, or raises NeedsGpu.
 """
 from __future__ import annotations
 
@@ -34,16 +35,18 @@ GXX = shutil.which("g++")
 INTERPRET = jit.Kernel.interpret  # the interpreter, whatever a test puts in its place
 
 
-def _section(start: str, end: str) -> str:
-    return PRELUDE[PRELUDE.index(start):PRELUDE.index(end)]
+def _section(start: str, end: str | None = None) -> str:
+    return PRELUDE[PRELUDE.index(start):PRELUDE.index(end) if end else None]
 
 
 # the prelude's plain C++, which the CPU build shares: fp8 conversions (torch's software path, as no __CUDA_ARCH__ is
-# defined), bit casts, zeros, shuffles of any type, vector words, packed tensor-core operands, wgmma descriptors
+# defined), bit casts, zeros, shuffles of any type, vector words, packed tensor-core operands, wgmma descriptors,
+# floating-point atomic max and min
 SHARED = _section("// fp8 as torch converts it", "// Triton's choices for f32") + \
     _section("template <class T, class U> __device__ __forceinline__ T nk_bitcast", "// cp.async of B bytes") + \
-    _section("// A wgmma matrix descriptor", "// A store under a predicate")
-GPU_ONLY = re.compile(r"\basm\b|\batomic")  # PTX left untranslated, atomics
+    _section("// A wgmma matrix descriptor", "// A store under a predicate") + \
+    _section("// Floating-point atomic max/min")
+GPU_ONLY = re.compile(r"\basm\b")  # PTX left untranslated
 
 
 class NeedsGpu(Exception):
@@ -115,6 +118,21 @@ template <class T> inline T __shfl_xor_sync(unsigned, T v, int m) {
   return v;
 }
 inline unsigned __cvta_generic_to_shared(const void*) { return 0; }
+inline unsigned long long __cvta_generic_to_global(const void* p) { return (unsigned long long)p; }
+// atomics at any scope: the old value, read, modified and written under one lock
+static std::mutex nk_atomic_lock;
+#define NK_RMW(f, e) \
+  template <class T, class U> inline T f(T* p, U u) { \
+    std::lock_guard<std::mutex> g(nk_atomic_lock); T o = *p, v = (T)u; *p = (e); return o; } \
+  template <class T, class U> inline T f##_block(T* p, U u) { return f(p, u); } \
+  template <class T, class U> inline T f##_system(T* p, U u) { return f(p, u); }
+NK_RMW(atomicAdd, o + v) NK_RMW(atomicMax, o > v ? o : v) NK_RMW(atomicMin, o < v ? o : v) NK_RMW(atomicExch, v)
+NK_RMW(atomicOr, o | v) NK_RMW(atomicAnd, o & v) NK_RMW(atomicXor, o ^ v)
+template <class T, class U, class V> inline T atomicCAS(T* p, U c, V u) {
+  std::lock_guard<std::mutex> g(nk_atomic_lock); T o = *p; if (o == (T)c) *p = (T)u; return o;
+}
+template <class T, class U, class V> inline T atomicCAS_block(T* p, U c, V u) { return atomicCAS(p, c, u); }
+template <class T, class U, class V> inline T atomicCAS_system(T* p, U c, V u) { return atomicCAS(p, c, u); }
 template <class T, class U> inline T nk_cast(U u) { T t; std::memcpy(&t, &u, sizeof t); return t; }
 inline float __uint_as_float(unsigned u) { return nk_cast<float>(u); }
 inline float __int_as_float(int u) { return nk_cast<float>(u); }
@@ -343,6 +361,8 @@ def _tma(load: bool):
     return cpp
 
 
+RED_TYPES = {"f32": "float", "f64": "double", "s32": "int", "u32": "unsigned", "b32": "unsigned", "s64": "long long",
+             "u64": "unsigned long long", "b64": "unsigned long long"}  # red's operand types, in C
 NOTHING = lambda m, outs, ins: "(void)0"  # noqa: E731 - ordering, register pins and waits a synchronous copy needs not
 # PTX the CPU runs, as C++: (pattern of the instruction, its statement from the match, outputs and inputs)
 ASM = [(re.compile(r'cp\.async\.(bulk\.)?(commit|wait)_group|wgmma\.(fence|commit_group|wait_group)|fence\.|'
@@ -364,6 +384,9 @@ ASM = [(re.compile(r'cp\.async\.(bulk\.)?(commit|wait)_group|wgmma\.(fence|commi
        (re.compile(r"mbarrier\.arrive\.shared::cta"), lambda m, outs, ins: f"nk_mbar_update({ins[0]}, 1, 0)"),
        (re.compile(r"\{ \.reg \.pred p; W: mbarrier\.try_wait\.parity\.shared::cta"),
         lambda m, outs, ins: f"nk_mbar_wait({ins[0]}, {ins[1]})"),
+       (re.compile(r"red\.relaxed\.\w+\.global\.(\w+)(?:\.v\d)?\.(\w+) "),
+        lambda m, outs, ins: "{ " + " ".join(f"atomic{m[1].title()}(({RED_TYPES[m[2]]}*){ins[0]} + {j}, {v});"
+                                             for j, v in enumerate(ins[1:])) + " }"),
        (re.compile(r"bar\.sync (\d+), (\d+);"), lambda m, outs, ins: f"nk_bar_sync({m[1]}, {m[2]})"),
        (re.compile(r"trap;"), lambda m, outs, ins: 'nk_trap("trap")')]
 

@@ -91,6 +91,24 @@ def test_matmul_with_a_producer_warpgroup_runs_its_generated_code(sms, m, n, k, 
     M.check(ops.matmul(a, b), M.reference(a, b), dtype)
 
 
+def test_split_k_and_stream_k_run_their_generated_code(arch, monkeypatch):
+    """Their programs meet through atomics: split-K's shares add by red (four f32 at once on sm_90a) and count
+    themselves, stream-K's programs raise flags that a later one waits on; the kernels alone, and as ops plans them
+    (on an H200 of 4 SMs, stream-K: 5 tiles of 128x256 over 4 programs)."""
+    for m, n, k, splits in [(70, 50, 200, 3), (64, 64, 48, 5)]:
+        M.test_split_k_runs(m, n, k, splits)
+    for programs, sk_tiles, k in [(5, 6, 200), (13, 20, 33)]:
+        M.test_stream_k_runs(programs, sk_tiles, k)
+    M.test_stream_k_epilogue("cpu")
+    M.test_split_k_epilogue("cpu")
+    if arch != "sm_90a":  # (an H200's plan: its ring overflows an A100's shared memory)
+        return
+    monkeypatch.setattr(ops, "gpu", lambda device: Gpu(sms=4))
+    a, b = torch.randn(570, 4096).half(), torch.randn(4096, 232).half()
+    assert ops._matmul_plan(a, b, 4, "sm_90a", 2)[2] == 5
+    M.check(ops.matmul(a, b), M.reference(a, b), torch.float16)
+
+
 @pytest.mark.parametrize("dtype", C.DTYPES)
 @pytest.mark.parametrize("warps", C.WARPS)
 def test_chained_dots_run_their_generated_code(dtype, warps, arch):
