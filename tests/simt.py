@@ -1,5 +1,5 @@
 """The generated CUDA of a launch, run on the CPU: every CUDA thread an OS thread, a block's threads at once and the
-blocks one after another, so that a layout, a reduction's shuffles, a conversion through shared memory and a
+blocks in waves of WAVE at once (in the order a GPU starts them, each with shared memory of its own, poisoned), so that a layout, a reduction's shuffles, a conversion through shared memory and a
 tensor-core pipeline run as the GPU would run them, where CI has no GPU (the interpreter runs the IR before the passes,
 this runs their output).
 
@@ -11,7 +11,8 @@ C++ that follows the PTX tables: mma.sync and ldmatrix exchange their fragments 
 its operands through their descriptors' canonical layouts and swizzles; cp.async and TMA copy at once (TMA through a
 tensor map of simt's own, `MAP`), completing the bytes an mbarrier expects; mbarrier waits block until their phase
 completes, and named barriers count their threads. Atomics (and red) read, modify and write under one lock: a block
-runs after every lower one, so a program that waits only for lower ones (stream-K's parts) finds them done. What it
+starts after every lower one, so a program that waits only for lower ones (stream-K's parts) finds them done or
+running; programs of a wave that race (a shared scratch, a count read too early) show it as on a GPU. What it
 does not know (clusters, inline asm of a user's) it leaves: `run` then takes the next arch, or raises NeedsGpu.
 """
 from __future__ import annotations
@@ -52,6 +53,8 @@ GPU_ONLY = re.compile(r"\basm\b")  # PTX left untranslated
 class NeedsGpu(Exception):
     """The kernel's code has instructions only a GPU runs."""
 SMEM = 232448  # an H200's shared memory a block may have
+WAVE = 4  # blocks that run at once: programs that race show it, as on a GPU (whose SMs run many)
+EXTERN_SMEM = "extern __shared__ __align__(1024) unsigned char nk_smem[];"  # a CTA's own, in the CPU prelude
 
 CPU_PRELUDE = r"""
 #include <chrono>
@@ -76,7 +79,6 @@ struct nk_tmap { unsigned long long v[16]; };
 struct nk_dim3 { unsigned x, y, z; };
 thread_local nk_dim3 threadIdx, blockIdx;
 nk_dim3 blockDim, gridDim;
-alignas(1024) unsigned char nk_smem[NK_SMEM];
 // A barrier of n threads; one waiting 20 s has met a barrier some thread never reaches (a divergent shuffle or
 // __syncthreads): the process stops rather than hang.
 struct nk_barrier {
@@ -92,22 +94,29 @@ struct nk_barrier {
     }
   }
 };
-static nk_barrier* nk_block;
-static nk_barrier* nk_warps[32];
-static unsigned nk_words[1024][8];
-inline void __syncthreads() { nk_block->arrive_and_wait(); }
+struct nk_mbar { unsigned count, pending, phase; long long tx; };
+// A CTA's own state, one for each CTA of a wave: its shared memory (poisoned at its start, as the GPU leaves it
+// undefined), its barriers, its warps' exchange slots, its mbarriers and named barriers
+struct nk_cta {
+  alignas(1024) unsigned char smem[NK_SMEM];
+  nk_barrier* block; nk_barrier* warps[32] = {}; unsigned words[1024][8];
+  std::map<unsigned, nk_mbar> mbars; nk_barrier* named[16] = {};
+};
+thread_local nk_cta* nk_me;
+#define nk_smem (nk_me->smem)
+inline void __syncthreads() { nk_me->block->arrive_and_wait(); }
 // a trap or a failed assertion stops the process, as it stops the GPU's context
 [[noreturn]] inline void nk_trap(const char* what) { std::fprintf(stderr, "simt: %s\n", what); std::abort(); }
 inline void __assertfail(const char* msg, const char*, unsigned, const char*, int) { nk_trap(msg); }
-inline void __syncwarp() { nk_warps[threadIdx.x >> 5]->arrive_and_wait(); }
+inline void __syncwarp() { nk_me->warps[threadIdx.x >> 5]->arrive_and_wait(); }
 // A warp-wide exchange (shuffles, ldmatrix, mma.sync): each lane posts N words, a barrier of the warp, every lane
 // reads every lane's, a barrier again before the slots are reused.
 template <int N> inline void nk_gather(const unsigned (&mine)[N], unsigned (&all)[32][N]) {
   unsigned t = threadIdx.x;
-  std::memcpy(nk_words[t], mine, sizeof mine);
-  nk_warps[t >> 5]->arrive_and_wait();
-  for (unsigned l = 0; l < 32; l++) std::memcpy(all[l], nk_words[(t & ~31u) | l], sizeof mine);
-  nk_warps[t >> 5]->arrive_and_wait();
+  std::memcpy(nk_me->words[t], mine, sizeof mine);
+  nk_me->warps[t >> 5]->arrive_and_wait();
+  for (unsigned l = 0; l < 32; l++) std::memcpy(all[l], nk_me->words[(t & ~31u) | l], sizeof mine);
+  nk_me->warps[t >> 5]->arrive_and_wait();
 }
 template <class T> inline T __shfl_xor_sync(unsigned, T v, int m) {
   static_assert(sizeof v <= 8);
@@ -257,10 +266,9 @@ inline void nk_wgmma(float* const* d, const unsigned* a, unsigned long long da, 
 }
 // mbarriers: a phase completes when its arrivals are in and the bytes it expects have landed; a wait for parity p
 // returns once the phase of that parity has completed.
-struct nk_mbar { unsigned count, pending, phase; long long tx; };
 static std::mutex nk_mbar_lock;
 static std::condition_variable nk_mbar_done;
-static std::map<unsigned, nk_mbar> nk_mbars;
+#define nk_mbars (nk_me->mbars)
 inline void nk_mbar_init(unsigned a, unsigned n) { std::lock_guard<std::mutex> g(nk_mbar_lock); nk_mbars[a] = {n, n, 0, 0}; }
 inline void nk_mbar_inval(unsigned a) { std::lock_guard<std::mutex> g(nk_mbar_lock); nk_mbars.erase(a); }
 inline void nk_mbar_update(unsigned a, unsigned arrivals, long long tx) {
@@ -278,10 +286,9 @@ inline void nk_mbar_wait(unsigned a, unsigned parity) {
   }
 }
 // bar.sync id, n: a barrier of n threads (the consumer warpgroups), made at its first use
-static nk_barrier* nk_named[16];
 inline void nk_bar_sync(unsigned id, unsigned n) {
-  { std::lock_guard<std::mutex> g(nk_mbar_lock); if (!nk_named[id]) nk_named[id] = new nk_barrier(n); }
-  nk_named[id]->arrive_and_wait();
+  { std::lock_guard<std::mutex> g(nk_mbar_lock); if (!nk_me->named[id]) nk_me->named[id] = new nk_barrier(n); }
+  nk_me->named[id]->arrive_and_wait();
 }
 // TMA: simt's tensor map (run() writes it where the driver's would be): the box at the coordinates, innermost first,
 // written row by row into shared memory under the swizzle (zeros out of bounds), or read back out of it
@@ -414,21 +421,35 @@ def _params(source: str, name: str) -> list[str]:
 
 
 def _library(source: str, name: str, params: list) -> ctypes.CDLL:
-    """The kernel and a launcher, `nk_run(args, gx, gy, gz, threads)`, built once per source."""
+    """The kernel and a launcher, `nk_run(args, gx, gy, gz, threads, wave)`, built once per source: the blocks in
+    waves of `wave` that run at once, in the order a GPU starts them."""
     call = ", ".join(f"({t})args[{i}]" if t.endswith("*") else f"*({t}*)args[{i}]" for i, t in enumerate(params))
     runner = f"""
-extern "C" void nk_run(void** args, unsigned gx, unsigned gy, unsigned gz, unsigned threads) {{
+extern "C" void nk_run(void** args, unsigned gx, unsigned gy, unsigned gz, unsigned threads, unsigned wave) {{
   blockDim = {{threads, 1, 1}}; gridDim = {{gx, gy, gz}};
-  nk_barrier block(threads); nk_block = &block;
-  std::vector<nk_barrier*> warps;
-  for (unsigned w = 0; w < threads / 32; w++) warps.push_back(nk_warps[w] = new nk_barrier(32));
-  for (unsigned z = 0; z < gz; z++) for (unsigned y = 0; y < gy; y++) for (unsigned x = 0; x < gx; x++) {{
+  std::vector<nk_cta*> ctas;
+  for (unsigned c = 0; c < wave; c++) {{
+    ctas.push_back(new nk_cta());
+    ctas[c]->block = new nk_barrier(threads);
+    for (unsigned w = 0; w < threads / 32; w++) ctas[c]->warps[w] = new nk_barrier(32);
+  }}
+  for (unsigned first = 0, n = gx * gy * gz; first < n; first += wave) {{
     std::vector<std::thread> ts;
-    for (unsigned t = 0; t < threads; t++)
-      ts.emplace_back([=] {{ threadIdx = {{t, 0, 0}}; blockIdx = {{x, y, z}}; {name}({call}); }});
+    for (unsigned b = first; b < n && b < first + wave; b++) {{
+      nk_cta* me = ctas[b - first];
+      std::memset(me->smem, 0xff, sizeof me->smem);
+      for (unsigned t = 0; t < threads; t++)
+        ts.emplace_back([=] {{ nk_me = me; threadIdx = {{t, 0, 0}}; blockIdx = {{b % gx, b / gx % gy, b / gx / gy}};
+                              {name}({call}); }});
+    }}
     for (auto& th : ts) th.join();
   }}
-  for (auto* b : warps) delete b;
+  for (auto* c : ctas) {{
+    delete c->block;
+    for (auto* b : c->warps) delete b;
+    for (auto* b : c->named) delete b;
+    delete c;
+  }}
 }}
 """
     text = CPU_PRELUDE.replace("NK_SMEM", str(SMEM)).replace("NK_SHARED", SHARED) + source + runner
@@ -476,7 +497,7 @@ def run(kernel, grid: tuple, args: list, meta: dict, archs: tuple = ("sm_90a", "
                 raise
             continue  # a later arch that cannot take the launch (clusters on sm_80)
         out = compiled.cuda
-        body = _translate(out.source.replace(PRELUDE.strip(), ""))
+        body = _translate(out.source.replace(PRELUDE.strip(), "").replace(EXTERN_SMEM, ""))
         if not GPU_ONLY.search(body):
             break
     else:
@@ -496,7 +517,7 @@ def run(kernel, grid: tuple, args: list, meta: dict, archs: tuple = ("sm_90a", "
             values.append(ctypes.cast(ctypes.pointer(c), ctypes.c_void_p))
     argv = (ctypes.c_void_p * len(values))(*values)
     gx, gy, gz = (*grid, 1, 1)[:3]
-    _library(body, out.name, params).nk_run(argv, gx, gy, gz, out.threads)
+    _library(body, out.name, params).nk_run(argv, gx, gy, gz, out.threads, WAVE)
 
 
 def run_or_interpret(kernel, grid: tuple, args: list, meta: dict) -> None:
