@@ -9,7 +9,8 @@ reductions along an axis or of the whole tile broadcast back, argmax/argmin, C's
 cumsum, flip, sort, trans of square tiles, column pairs swapped through reshape/split/join, cat, the max of column
 groups (3-D blocks), and two chained dots (the attention pattern, f16, bf16 or f32 "ieee" operands). It stores the last
 value, with every value nothing read added to it, in f32 or f16, laid out as the inputs, under the mask; or, in a
-program per BM rows that walks the columns in a runtime loop (num_stages 1-3), the sum of its tiles' rows.
+program per BM rows that walks the columns in a runtime loop (num_stages 1-3), the sum of its tiles' rows; or, by
+atomics (add, max, min), each program's row sums, maxima or minima of its tile, met in one f32 a row.
 
 The model evaluates the same steps on every program's tile at once ([PM, PN, BM, BN] in float64, masked lanes holding
 the constant), so the padding lanes that reductions, scans and sorts see are part of it. Rounding is not modeled:
@@ -17,7 +18,8 @@ each element carries a bound on its error, grown per operation by the unit round
 of its terms (the model run on magnitudes, as in a forward error analysis), and each element of the kernel's output
 must lie within 4x its bound. A wrong layout or a lost lane moves an element by its own size.
 Each run draws fresh programs from a fresh seed, which a failure names (NEWT_RANDOM_SEED=... repeats it;
-NEWT_RANDOM_KERNELS=N draws N: by default 30 in the interpreter, 120 on the GPU). Outputs start as NaN.
+NEWT_RANDOM_KERNELS=N draws N: by default 30 in the interpreter, 120 on the GPU). Outputs start as NaN, those of
+atomics as their identity (0, -inf, inf).
 """
 import math
 import os
@@ -298,15 +300,31 @@ class Program:
                 out = self.emit(f"{out.name} + {v.name}", out.ref + v.ref, m, out.err + v.err + rounding(dt, m), dt)
         rows = "rm = program_id(0) * BM + arange(0, BM)"
         tile = ["mask = (rm[:, None] < R) & (rn[None, :] < C)", *self.lines]
+        # or each program's row sums (maxima, minima) of its tile in f32, met in one value a row by atomics
+        atomic = None if self.looped or r.random() < 0.7 else r.choice(["add", "max", "min"])
         if self.looped:  # each tile summed into an f32 accumulator, then its rows: one value a row
             ref, m = (t.sum((1, 3)).flatten()[:self.R, None] for t in (out.ref, out.abs))
             err = out.err.sum((1, 3)).flatten()[:self.R, None] + rounding("f32", m, self.PN * self.BN)
         else:
             ref, m, err = (t.permute(0, 2, 1, 3).reshape(self.PM * self.BM, -1)[:self.R, :self.C]
                            for t in (out.ref, out.abs, out.err))
-        odt = r.choice(["f32", "f16"]) if m.max() < LIMIT["f16"] else "f32"
-        o = torch.full((self.R, 1 if self.looped else self.C), float("nan"), dtype=TORCH[odt], device=self.device)
-        if self.looped:
+        if atomic == "add":
+            ref, m, err = ref.sum(1, keepdim=True), m.sum(1, keepdim=True), err.sum(1, keepdim=True)
+            err = err + rounding("f32", m, self.C)
+        elif atomic:  # the max or min of the row, and of its terms' magnitudes and errors (f32 rounds it once)
+            ref = (ref.amax if atomic == "max" else ref.amin)(1, keepdim=True)
+            m, err = m.amax(1, keepdim=True), err.amax(1, keepdim=True) + rounding("f32", m.amax(1, keepdim=True))
+        odt = r.choice(["f32", "f16"]) if m.max() < LIMIT["f16"] and not atomic else "f32"
+        start = {None: "nan", "add": 0, "max": "-inf", "min": "inf"}[atomic]  # the atomics' identity
+        o = torch.full((self.R, 1 if self.looped or atomic else self.C), float(start), dtype=TORCH[odt],
+                       device=self.device)
+        if atomic:
+            addr = self.tensor_param(o, "arange(0, 1)[None, :]")
+            v = f"where(mask, {out.name}.to(f32), {'0.0' if atomic == 'add' else start})"
+            lines = [rows, "rn = program_id(1) * BN + arange(0, BN)", *tile,
+                     f"atomic_{atomic}({addr}, {'sum' if atomic == 'add' else atomic}({v}, axis=1)[:, None], "
+                     "mask=rm[:, None] < R)"]
+        elif self.looped:
             addr = self.tensor_param(o, "arange(0, 1)[None, :]")
             lines = [rows, "acc = zeros([BM, BN], f32)", "for j in range(0, C, BN):",
                      *(f"    {x}" for x in ["rn = j + arange(0, BN)", *tile, f"acc = acc + {out.name}"]),
