@@ -12,8 +12,11 @@ its operands through their descriptors' canonical layouts and swizzles; cp.async
 tensor map of simt's own, `MAP`), completing the bytes an mbarrier expects; mbarrier waits block until their phase
 completes, and named barriers count their threads. Atomics (and red) read, modify and write under one lock: a block
 starts after every lower one, so a program that waits only for lower ones (stream-K's parts) finds them done or
-running; programs of a wave that race (a shared scratch, a count read too early) show it as on a GPU. What it
-does not know (clusters, inline asm of a user's) it leaves: `run` then takes the next arch, or raises NeedsGpu.
+running; programs of a wave that race (a shared scratch, a count read too early) show it as on a GPU. A cluster's
+CTAs run in one wave: a multicast copy lands in each CTA of its mask, an arrival through `mapa` on the other CTA's
+barrier, and the cluster's barrier counts all their threads (a thread that has exited counts as arrived, as at a
+block's barrier). What it does not know (a user's inline asm) it leaves: `run` then takes the next arch, or raises
+NeedsGpu.
 """
 from __future__ import annotations
 
@@ -75,6 +78,7 @@ CPU_PRELUDE = r"""
 #define __align__(n) __attribute__((aligned(n)))
 #define __shared__
 #define __grid_constant__
+#define __cluster_dims__(...)
 struct nk_tmap { unsigned long long v[16]; };
 struct nk_dim3 { unsigned x, y, z; };
 thread_local nk_dim3 threadIdx, blockIdx;
@@ -93,6 +97,10 @@ struct nk_barrier {
       std::abort();
     }
   }
+  void leave() {  // a thread that has exited counts as arrived, as on the GPU
+    std::lock_guard<std::mutex> lock(m);
+    if (--n == waiting && waiting) { waiting = 0; round++; cv.notify_all(); }
+  }
 };
 struct nk_mbar { unsigned count, pending, phase; long long tx; };
 // A CTA's own state, one for each CTA of a wave: its shared memory (poisoned at its start, as the GPU leaves it
@@ -101,6 +109,7 @@ struct nk_cta {
   alignas(1024) unsigned char smem[NK_SMEM];
   nk_barrier* block; nk_barrier* warps[32] = {}; unsigned words[1024][8];
   std::map<unsigned, nk_mbar> mbars; nk_barrier* named[16] = {};
+  nk_cta** cluster; unsigned rank; nk_barrier* cluster_bar;  // its cluster's CTAs (by rank), its rank, their barrier
 };
 thread_local nk_cta* nk_me;
 #define nk_smem (nk_me->smem)
@@ -271,9 +280,9 @@ static std::condition_variable nk_mbar_done;
 #define nk_mbars (nk_me->mbars)
 inline void nk_mbar_init(unsigned a, unsigned n) { std::lock_guard<std::mutex> g(nk_mbar_lock); nk_mbars[a] = {n, n, 0, 0}; }
 inline void nk_mbar_inval(unsigned a) { std::lock_guard<std::mutex> g(nk_mbar_lock); nk_mbars.erase(a); }
-inline void nk_mbar_update(unsigned a, unsigned arrivals, long long tx) {
+inline void nk_mbar_update(unsigned a, unsigned arrivals, long long tx, nk_cta* cta = nk_me) {
   std::lock_guard<std::mutex> g(nk_mbar_lock);
-  nk_mbar& b = nk_mbars.at(a);
+  nk_mbar& b = cta->mbars.at(a);
   b.pending -= arrivals;
   b.tx += tx;
   if (!b.pending && !b.tx) { b.phase ^= 1; b.pending = b.count; nk_mbar_done.notify_all(); }
@@ -291,26 +300,32 @@ inline void nk_bar_sync(unsigned id, unsigned n) {
   nk_me->named[id]->arrive_and_wait();
 }
 // TMA: simt's tensor map (run() writes it where the driver's would be): the box at the coordinates, innermost first,
-// written row by row into shared memory under the swizzle (zeros out of bounds), or read back out of it
+// written row by row into shared memory under the swizzle (zeros out of bounds), or read back out of it; a multicast
+// load (a mask of the cluster's CTAs) writes the same slot of each CTA of the mask, completing on its barrier there
 struct nk_map { unsigned long long base; unsigned rank, item, swizzle, dims[5], box[5]; unsigned long long strides[5]; };
-template <int R, bool LOAD> inline void nk_tma(const void* m, unsigned smem, const int (&c)[R], unsigned mbar = 0) {
+template <int R, bool LOAD> inline void nk_tma(const void* m, unsigned smem, const int (&c)[R], unsigned mbar = 0,
+                                               unsigned mask = 0) {
   const nk_map& map = *(const nk_map*)m;
   unsigned n = 1;
   for (int r = 0; r < R; r++) n *= map.box[r];
-  for (unsigned e = 0; e < n; e++) {
-    unsigned long long at = map.base;
-    bool inside = true;
-    for (unsigned r = 0, rest = e; r < (unsigned)R; rest /= map.box[r], r++) {
-      long long x = c[r] + (long long)(rest % map.box[r]);
-      inside = inside && x >= 0 && x < map.dims[r];
-      at += x * (r ? map.strides[r - 1] : map.item);
+  for (unsigned to = 0; to < 8; to++) {
+    nk_cta* cta = mask ? (mask >> to & 1 ? nk_me->cluster[to] : nullptr) : to ? nullptr : nk_me;
+    if (!cta) continue;
+    for (unsigned e = 0; e < n; e++) {
+      unsigned long long at = map.base;
+      bool inside = true;
+      for (unsigned r = 0, rest = e; r < (unsigned)R; rest /= map.box[r], r++) {
+        long long x = c[r] + (long long)(rest % map.box[r]);
+        inside = inside && x >= 0 && x < map.dims[r];
+        at += x * (r ? map.strides[r - 1] : map.item);
+      }
+      unsigned char* s = cta->smem + nk_swizzle(smem + e * map.item, map.swizzle);
+      if (LOAD && inside) std::memcpy(s, (const void*)at, map.item);
+      else if (LOAD) std::memset(s, 0, map.item);
+      else if (inside) std::memcpy((void*)at, s, map.item);
     }
-    unsigned s = nk_swizzle(smem + e * map.item, map.swizzle);
-    if (LOAD && inside) std::memcpy(nk_smem + s, (const void*)at, map.item);
-    else if (LOAD) std::memset(nk_smem + s, 0, map.item);
-    else if (inside) std::memcpy((void*)at, nk_smem + s, map.item);
+    if (LOAD) nk_mbar_update(mbar, 0, -(long long)(n * map.item), cta);
   }
-  if (LOAD) nk_mbar_update(mbar, 0, -(long long)(n * map.item));
 }
 template <int B> inline void nk_cp_async(unsigned dst, const void* src, bool pred) {
   if (pred) std::memcpy(nk_smem + dst, src, B); else std::memset(nk_smem + dst, 0, B);
@@ -359,12 +374,13 @@ def _wgmma(m, outs: list, ins: list) -> str:
             f"nk_wgmma<{n}, {k}, {types}, {str(reg_a).lower()}, {scale_d}, {ta}, {tb}>(nk_d, {a}); }}")
 
 
-def _tma(load: bool):
-    """cp.async.bulk.tensor: the map, the box in shared memory, its coordinates (and a load's mbarrier)."""
+def _tma(load: bool, multicast: bool = False):
+    """cp.async.bulk.tensor: the map, the box in shared memory, its coordinates (and a load's mbarrier, and a
+    multicast's mask of CTAs)."""
     def cpp(m, outs: list, ins: list) -> str:
-        coords = ins[2:-1] if load else ins[2:]
+        coords = ins[2:len(ins) - load - multicast]
         return f"nk_tma<{len(coords)}, {str(load).lower()}>((const void*)({ins[0]}), {ins[1]}, " \
-            f"{{{', '.join(coords)}}}" + (f", {ins[-1]})" if load else ")")
+            f"{{{', '.join(coords)}}}{''.join(', ' + x for x in ins[len(ins) - load - multicast:])})"
     return cpp
 
 
@@ -382,7 +398,14 @@ ASM = [(re.compile(r'cp\.async\.(bulk\.)?(commit|wait)_group|wgmma\.(fence|commi
        (re.compile(r'wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k(\d+)\.f32\.(\w+)\.\w+ [^"]*?((?:, \d+)+);"'), _wgmma),
        (re.compile(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\.mbarrier::complete_tx::bytes \["),
         _tma(True)),
+       (re.compile(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\.mbarrier::complete_tx::bytes"
+                   r"\.multicast::cluster \["), _tma(True, True)),
        (re.compile(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta\.bulk_group \["), _tma(False)),
+       (re.compile(r"mov\.u32 %0, %%cluster_ctarank;"), lambda m, outs, ins: f"{outs[0]} = nk_me->rank"),
+       (re.compile(r"\{ \.reg \.b32 ra; mapa\.shared::cluster\.u32 ra, %0, (\d+); mbarrier\.arrive\.shared::cluster"),
+        lambda m, outs, ins: f"nk_mbar_update({ins[0]}, 1, 0, nk_me->cluster[{m[1]}])"),
+       (re.compile(r"barrier\.cluster\.arrive\.release\.aligned; barrier\.cluster\.wait"),
+        lambda m, outs, ins: "nk_me->cluster_bar->arrive_and_wait()"),
        (re.compile(r"mbarrier\.init\.shared::cta\.b64 \[%0\], (\d+);"),
         lambda m, outs, ins: f"nk_mbar_init({ins[0]}, {m[1]})"),
        (re.compile(r"mbarrier\.inval\.shared::cta"), lambda m, outs, ins: f"nk_mbar_inval({ins[0]})"),
@@ -421,30 +444,38 @@ def _params(source: str, name: str) -> list[str]:
 
 
 def _library(source: str, name: str, params: list) -> ctypes.CDLL:
-    """The kernel and a launcher, `nk_run(args, gx, gy, gz, threads, wave)`, built once per source: the blocks in
-    waves of `wave` that run at once, in the order a GPU starts them."""
+    """The kernel and a launcher, `nk_run(args, gx, gy, gz, threads, wave, cluster)`, built once per source: the
+    blocks in waves of `wave` (whole clusters of `cluster` CTAs along x) that run at once, in the order a GPU starts
+    them."""
     call = ", ".join(f"({t})args[{i}]" if t.endswith("*") else f"*({t}*)args[{i}]" for i, t in enumerate(params))
     runner = f"""
-extern "C" void nk_run(void** args, unsigned gx, unsigned gy, unsigned gz, unsigned threads, unsigned wave) {{
+extern "C" void nk_run(void** args, unsigned gx, unsigned gy, unsigned gz, unsigned threads, unsigned wave,
+                       unsigned cluster) {{
   blockDim = {{threads, 1, 1}}; gridDim = {{gx, gy, gz}};
-  std::vector<nk_cta*> ctas;
+  std::vector<nk_cta*> ctas(wave);
   for (unsigned c = 0; c < wave; c++) {{
-    ctas.push_back(new nk_cta());
+    ctas[c] = new nk_cta();
     ctas[c]->block = new nk_barrier(threads);
     for (unsigned w = 0; w < threads / 32; w++) ctas[c]->warps[w] = new nk_barrier(32);
+    ctas[c]->cluster = &ctas[c - c % cluster];
+    ctas[c]->rank = c % cluster;
+    ctas[c]->cluster_bar = c % cluster ? ctas[c - c % cluster]->cluster_bar : new nk_barrier(threads * cluster);
   }}
   for (unsigned first = 0, n = gx * gy * gz; first < n; first += wave) {{
     std::vector<std::thread> ts;
     for (unsigned b = first; b < n && b < first + wave; b++) {{
       nk_cta* me = ctas[b - first];
       std::memset(me->smem, 0xff, sizeof me->smem);
+      me->block->n = threads;
+      if (!me->rank) me->cluster_bar->n = threads * cluster;
       for (unsigned t = 0; t < threads; t++)
         ts.emplace_back([=] {{ nk_me = me; threadIdx = {{t, 0, 0}}; blockIdx = {{b % gx, b / gx % gy, b / gx / gy}};
-                              {name}({call}); }});
+                              {name}({call}); me->block->leave(); me->cluster_bar->leave(); }});
     }}
     for (auto& th : ts) th.join();
   }}
   for (auto* c : ctas) {{
+    if (!c->rank) delete c->cluster_bar;
     delete c->block;
     for (auto* b : c->warps) delete b;
     for (auto* b : c->named) delete b;
@@ -517,7 +548,8 @@ def run(kernel, grid: tuple, args: list, meta: dict, archs: tuple = ("sm_90a", "
             values.append(ctypes.cast(ctypes.pointer(c), ctypes.c_void_p))
     argv = (ctypes.c_void_p * len(values))(*values)
     gx, gy, gz = (*grid, 1, 1)[:3]
-    _library(body, out.name, params).nk_run(argv, gx, gy, gz, out.threads, WAVE)
+    ctas = compiled.kernel.spec.num_ctas
+    _library(body, out.name, params).nk_run(argv, gx, gy, gz, out.threads, -(-WAVE // ctas) * ctas, ctas)
 
 
 def run_or_interpret(kernel, grid: tuple, args: list, meta: dict) -> None:

@@ -12,6 +12,7 @@ import test_attention as A
 import test_chained_dots as C
 import test_matmul as M
 import test_ops as T
+import test_tensor_desc as D
 from newtc import jit, ops
 from newtc.gpu import Gpu
 from newtc.ops import Plan
@@ -107,6 +108,16 @@ def test_split_k_and_stream_k_run_their_generated_code(arch, monkeypatch):
     a, b = torch.randn(570, 4096).half(), torch.randn(4096, 232).half()
     assert ops._matmul_plan(a, b, 4, "sm_90a", 2)[2] == 5
     M.check(ops.matmul(a, b), M.reference(a, b), torch.float16)
+
+
+@pytest.mark.parametrize("name", ["matmul", "matmul_fused", "matmul_tma"])
+def test_clusters_run_their_generated_code(name, monkeypatch):
+    """In clusters of 2 CTAs, run at once: B's boxes multicast into both CTAs' slots (each completing on its own
+    barrier), each consumer releasing a slot in both CTAs, the cluster's barriers at the start and the end."""
+    monkeypatch.setattr(jit.Kernel, "interpret",
+                        lambda kernel, grid, args, meta: simt.run(kernel, grid, args, meta, ("sm_90a",)))
+    for tile in [(128, 256, 64, 8, 4, True), (64, 64, 64, 4, 6, False)]:
+        D.test_clusters_share_copies_and_match_torch("cpu", name, tile)
 
 
 @pytest.mark.parametrize("dtype", C.DTYPES)
