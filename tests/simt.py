@@ -14,9 +14,8 @@ completes, and named barriers count their threads. Atomics (and red) read, modif
 starts after every lower one, so a program that waits only for lower ones (stream-K's parts) finds them done or
 running; programs of a wave that race (a shared scratch, a count read too early) show it as on a GPU. A cluster's
 CTAs run in one wave: a multicast copy lands in each CTA of its mask, an arrival through `mapa` on the other CTA's
-barrier, and the cluster's barrier counts all their threads (a thread that has exited counts as arrived, as at a
-block's barrier). What it does not know (a user's inline asm) it leaves: `run` then takes the next arch, or raises
-NeedsGpu.
+barrier, and the cluster's barrier waits for their threads that have not exited (as the GPU's). What it does not
+know (a user's inline asm) it leaves: `run` then takes the next arch, or raises NeedsGpu.
 """
 from __future__ import annotations
 
@@ -97,7 +96,7 @@ struct nk_barrier {
       std::abort();
     }
   }
-  void leave() {  // a thread that has exited counts as arrived, as on the GPU
+  void leave() {  // a thread that has exited counts as arrived (a cluster's barrier)
     std::lock_guard<std::mutex> lock(m);
     if (--n == waiting && waiting) { waiting = 0; round++; cv.notify_all(); }
   }
@@ -466,11 +465,10 @@ extern "C" void nk_run(void** args, unsigned gx, unsigned gy, unsigned gz, unsig
     for (unsigned b = first; b < n && b < first + wave; b++) {{
       nk_cta* me = ctas[b - first];
       std::memset(me->smem, 0xff, sizeof me->smem);
-      me->block->n = threads;
       if (!me->rank) me->cluster_bar->n = threads * cluster;
       for (unsigned t = 0; t < threads; t++)
         ts.emplace_back([=] {{ nk_me = me; threadIdx = {{t, 0, 0}}; blockIdx = {{b % gx, b / gx % gy, b / gx / gy}};
-                              {name}({call}); me->block->leave(); me->cluster_bar->leave(); }});
+                              {name}({call}); me->cluster_bar->leave(); }});
     }}
     for (auto& th : ts) th.join();
   }}
