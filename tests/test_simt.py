@@ -3,7 +3,8 @@ a thread per CUDA thread, shuffles and barriers as on the GPU) instead of the in
 passes choose, every reduction across lanes and warps and every conversion through shared memory is checked against
 torch without a GPU. test_ops' own checks, on its CPU shapes and forced plans, plus several rows a program on several
 warps; and the tensor-core kernels (matmul, attention, chained dots) as an H200 runs them (wgmma, TMA, mbarriers, a
-producer warpgroup) and as an A100 does (mma.sync, ldmatrix, cp.async)."""
+producer warpgroup, clusters sharing copies) and as an A100 does (mma.sync, ldmatrix, cp.async); split-K and
+stream-K, whose programs meet through atomics."""
 import pytest
 import torch
 
