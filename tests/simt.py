@@ -1,7 +1,7 @@
 """The generated CUDA of a launch, run on the CPU: every CUDA thread an OS thread, a block's threads at once and the
-blocks in waves of WAVE at once (in the order a GPU starts them, each with shared memory of its own, poisoned), so that a layout, a reduction's shuffles, a conversion through shared memory and a
-tensor-core pipeline run as the GPU would run them, where CI has no GPU (the interpreter runs the IR before the passes,
-this runs their output).
+blocks in waves of WAVE at once (in the order a GPU starts them, each with shared memory of its own, poisoned), so
+that a layout, a reduction's shuffles, a conversion through shared memory and a tensor-core pipeline run as the GPU
+would run them, where CI has no GPU (the interpreter runs the IR before the passes, this runs their output).
 
 The kernel's source is newt's own, with the prelude (PTX asm for conversions and fast math) swapped for C++ that
 rounds the same way (`CPU_PRELUDE`: f16 through _Float16, bf16 and f32 math as IEEE, exp2 and log2 exact where the
@@ -276,9 +276,10 @@ inline void nk_wgmma(float* const* d, const unsigned* a, unsigned long long da, 
 // returns once the phase of that parity has completed.
 static std::mutex nk_mbar_lock;
 static std::condition_variable nk_mbar_done;
-#define nk_mbars (nk_me->mbars)
-inline void nk_mbar_init(unsigned a, unsigned n) { std::lock_guard<std::mutex> g(nk_mbar_lock); nk_mbars[a] = {n, n, 0, 0}; }
-inline void nk_mbar_inval(unsigned a) { std::lock_guard<std::mutex> g(nk_mbar_lock); nk_mbars.erase(a); }
+inline void nk_mbar_init(unsigned a, unsigned n) {
+  std::lock_guard<std::mutex> g(nk_mbar_lock); nk_me->mbars[a] = {n, n, 0, 0};
+}
+inline void nk_mbar_inval(unsigned a) { std::lock_guard<std::mutex> g(nk_mbar_lock); nk_me->mbars.erase(a); }
 inline void nk_mbar_update(unsigned a, unsigned arrivals, long long tx, nk_cta* cta = nk_me) {
   std::lock_guard<std::mutex> g(nk_mbar_lock);
   nk_mbar& b = cta->mbars.at(a);
@@ -288,7 +289,7 @@ inline void nk_mbar_update(unsigned a, unsigned arrivals, long long tx, nk_cta* 
 }
 inline void nk_mbar_wait(unsigned a, unsigned parity) {
   std::unique_lock<std::mutex> g(nk_mbar_lock);
-  if (!nk_mbar_done.wait_for(g, std::chrono::seconds(20), [&] { return nk_mbars.at(a).phase != (parity & 1); })) {
+  if (!nk_mbar_done.wait_for(g, std::chrono::seconds(20), [&] { return nk_me->mbars.at(a).phase != (parity & 1); })) {
     std::fprintf(stderr, "simt: an mbarrier wait of 20 s\n");
     std::abort();
   }
@@ -377,9 +378,9 @@ def _tma(load: bool, multicast: bool = False):
     """cp.async.bulk.tensor: the map, the box in shared memory, its coordinates (and a load's mbarrier, and a
     multicast's mask of CTAs)."""
     def cpp(m, outs: list, ins: list) -> str:
-        coords = ins[2:len(ins) - load - multicast]
-        return f"nk_tma<{len(coords)}, {str(load).lower()}>((const void*)({ins[0]}), {ins[1]}, " \
-            f"{{{', '.join(coords)}}}{''.join(', ' + x for x in ins[len(ins) - load - multicast:])})"
+        last = len(ins) - load - multicast  # the coordinates end where the mbarrier and the mask begin
+        return f"nk_tma<{last - 2}, {str(load).lower()}>((const void*)({ins[0]}), {ins[1]}, " \
+            f"{{{', '.join(ins[2:last])}}}{''.join(', ' + x for x in ins[last:])})"
     return cpp
 
 

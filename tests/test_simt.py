@@ -111,12 +111,11 @@ def test_split_k_and_stream_k_run_their_generated_code(arch, monkeypatch):
     M.check(ops.matmul(a, b), M.reference(a, b), torch.float16)
 
 
+@pytest.mark.parametrize("arch", ["sm_90a"], indirect=True)  # (clusters need sm_90)
 @pytest.mark.parametrize("name", ["matmul", "matmul_fused", "matmul_tma"])
-def test_clusters_run_their_generated_code(name, monkeypatch):
+def test_clusters_run_their_generated_code(name, arch):
     """In clusters of 2 CTAs, run at once: B's boxes multicast into both CTAs' slots (each completing on its own
     barrier), each consumer releasing a slot in both CTAs, the cluster's barriers at the start and the end."""
-    monkeypatch.setattr(jit.Kernel, "interpret",
-                        lambda kernel, grid, args, meta: simt.run(kernel, grid, args, meta, ("sm_90a",)))
     for tile in [(128, 256, 64, 8, 4, True), (64, 64, 64, 4, 6, False)]:
         D.test_clusters_share_copies_and_match_torch("cpu", name, tile)
 
